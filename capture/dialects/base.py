@@ -1,0 +1,244 @@
+"""The dialect contract: how an agent's wire format meets the engine's chat API.
+
+The capture proxy always talks to the engine in one language, vLLM's OpenAI Chat Completions
+API. Each agent speaks its own: opencode and mini-swe-agent speak Chat Completions, Codex speaks
+the Responses API, Claude Code speaks Anthropic Messages. A dialect is the pair of translators
+between one agent format and the engine's chat format:
+
+    agent request body --to_chat--> chat request --(core forwards)--> engine
+    engine chat reply  --from_chat / StreamEncoder--> agent reply body / SSE bytes
+
+The one decision: a dialect is a pure function of the bodies it is given. It does no I/O, keeps
+no state across calls, and knows nothing about sessions, sampling policy or token ids; the core
+(capture/server and friends) forwards, enforces sampling, and reads token ids and logprobs from
+the engine reply itself. A dialect never sees the training record and never decides what is
+trainable.
+
+What a dialect must preserve, in both directions: system prompts, tool definitions, tool calls
+(ids kept as they are, so a call and its result stay paired across turns), tool results,
+reasoning/thinking text, and several tool calls in one turn. The history an agent sends back is
+turned into the same chat messages the engine's reply was made from, so that the engine renders
+the same prompt tokens again and the rollout graph can chain the turns by token prefix.
+
+What it refuses to do: guess. Input it cannot translate faithfully (a wrong type, a missing
+field, a stateful feature such as `previous_response_id`) raises `DialectError`, which the core
+answers with a 4xx in the agent's own error shape. Any other exception from a dialect is a bug.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from typing import Any
+
+__all__ = [
+    "Dialect",
+    "DialectError",
+    "StreamEncoder",
+    "dumps",
+    "reasoning_text",
+    "sse_data",
+    "sse_event",
+]
+
+
+class DialectError(Exception):
+    """The agent sent something this dialect cannot translate; the core answers 4xx.
+
+    `message` says what was wrong and where (a JSON path such as `messages[2].content`), so
+    the agent's log tells its author what to fix.
+    """
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class StreamEncoder(ABC):
+    """Turns one engine chat stream into the agent's SSE stream, chunk by chunk.
+
+    One encoder per streaming call. `on_chunk` gets each parsed `chat.completion.chunk` in
+    order (the core must not mutate a chunk after handing it over, and the encoder never mutates
+    it either); `finish` runs once after the engine's `[DONE]`; `fail` replaces `finish` when the
+    call dies mid-stream. Each returns the bytes to write to the agent (possibly b"").
+    """
+
+    @abstractmethod
+    def on_chunk(self, chunk: dict) -> bytes:
+        """One engine chunk -> SSE bytes for the agent."""
+
+    @abstractmethod
+    def finish(self) -> bytes:
+        """The engine sent [DONE]: close open blocks/items and end the stream."""
+
+    @abstractmethod
+    def fail(self, message: str) -> bytes:
+        """The call failed mid-stream: an error event in the dialect's format, then the end."""
+
+
+class Dialect(ABC):
+    """Translators for one agent wire format. Stateless; one shared instance per dialect."""
+
+    name: str
+
+    @abstractmethod
+    def to_chat(self, body: dict) -> dict:
+        """Agent request body -> engine chat request body. Raises DialectError on bad input."""
+
+    @abstractmethod
+    def from_chat(self, chat: dict, request: dict) -> dict:
+        """Non-streaming engine chat reply -> agent reply body. `request` is the agent's body."""
+
+    @abstractmethod
+    def stream_encoder(self, request: dict) -> StreamEncoder:
+        """A fresh encoder for one streaming call. `request` is the agent's body."""
+
+    @abstractmethod
+    def error_body(self, status: int, message: str) -> dict:
+        """A non-streaming error body in the dialect's own shape."""
+
+    def count_tokens(self, body: dict) -> dict | None:
+        """Answer for a token-count side route, or None when the dialect has none."""
+        return None
+
+
+# --- shared helpers ---------------------------------------------------------------------------
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON as providers send it (non-ASCII kept, no spaces)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_event(event: str, data: dict) -> bytes:
+    """A named SSE event (Anthropic Messages, OpenAI Responses)."""
+    return f"event: {event}\ndata: {dumps(data)}\n\n".encode()
+
+
+def sse_data(data: dict | str) -> bytes:
+    """A bare `data:` SSE line (Chat Completions)."""
+    text = data if isinstance(data, str) else dumps(data)
+    return f"data: {text}\n\n".encode()
+
+
+def reasoning_text(message: dict) -> str | None:
+    """Reasoning text of an engine message or delta.
+
+    vLLM 0.32 names it `reasoning`; older servers and other engines `reasoning_content`.
+    """
+    value = message.get("reasoning")
+    if value is None:
+        value = message.get("reasoning_content")
+    return value if isinstance(value, str) else None
+
+
+def type_name(value: Any) -> str:
+    """JSON type name of a Python value, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def require(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    """`value` if it has JSON type `kind`, else DialectError naming the path."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int in Python, never in JSON.
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        expected = " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
+        raise DialectError(f"{where} must be {expected}, got {type_name(value)}")
+    return value
+
+
+def require_body(body: Any) -> dict:
+    """The request body as a JSON object, or DialectError."""
+    return require(body, dict, "request body")
+
+
+_KIND_NAMES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
+def optional_int(body: dict, key: str, where: str | None = None) -> int | None:
+    """An optional positive-or-zero integer field."""
+    value = body.get(key)
+    if value is None:
+        return None
+    require(value, int, where or key)
+    if value < 0:
+        raise DialectError(f"{where or key} must be >= 0, got {value}")
+    return value
+
+
+def copy_sampling(body: dict, out: dict, keys: tuple[str, ...]) -> None:
+    """Copy numeric sampling fields the agent sent; the core's policy overrides them later."""
+    for key in keys:
+        value = body.get(key)
+        if value is None:
+            continue
+        require(value, (int, float), key)
+        out[key] = value
+
+
+def usage_of(chat: dict) -> tuple[int, int]:
+    """(prompt_tokens, completion_tokens) of an engine reply; 0 where missing."""
+    usage = chat.get("usage") or {}
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def cached_tokens(usage: dict | None) -> int:
+    """Prompt tokens served from the engine's prefix cache, when it reports them."""
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
+def parse_arguments(arguments: Any) -> Any:
+    """Tool-call arguments (a JSON string from the engine) as a value; None if not JSON."""
+    if isinstance(arguments, dict):
+        return arguments
+    if not isinstance(arguments, str):
+        return None
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return None
+
+
+def arguments_json(value: Any) -> str:
+    """Tool input as the engine's tool parser writes it: `json.dumps(args, ensure_ascii=False)`.
+
+    vLLM's hermes parser re-serialises the arguments it parsed with default separators, so the
+    same call sent back in history (Anthropic `input`, a Responses custom tool's `input`)
+    becomes the same string the engine produced.
+    """
+    return json.dumps(value, ensure_ascii=False)
+
+
+def first_choice(chat: dict) -> dict:
+    """The one choice the capture proxy asks for (n=1)."""
+    choices = chat.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    return {}
+
+
+def tool_calls_of(message: dict) -> list[dict]:
+    """The engine message's tool calls, as a list of well-formed dicts."""
+    calls = message.get("tool_calls") or []
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []

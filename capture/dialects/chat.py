@@ -1,0 +1,230 @@
+"""OpenAI Chat Completions: the engine's own language, passed through with care.
+
+Wire facts
+- Route: `POST {base}/chat/completions` (base = `.../s/{session}/v1`). Models probe: `GET /models`.
+- Speakers: opencode (streaming, via `@ai-sdk/openai-compatible`; sends
+  `stream_options.include_usage`), mini-swe-agent (non-streaming, via litellm). opencode fires a
+  title-generator call first (no tools, a short "generate a title" system prompt): an aux call
+  the core tags, the dialect just translates it.
+- Streaming: bare `data: {chat.completion.chunk}` lines, then `data: [DONE]`. The first chunk
+  carries `delta.role`; tool calls arrive as `delta.tool_calls[i]` fragments (the first with
+  `id`, `type` and `function.name`, later ones `function.arguments` pieces); the chunk with
+  `finish_reason` closes the choice; with `include_usage` a last chunk has `choices: []` and
+  `usage`. A mid-stream error is `data: {"error": {...}}`.
+
+What changes on the way in (what vLLM 0.32 rejects or mis-renders):
+- `tools: []` is a 400 in vLLM: dropped, together with a `tool_choice` that has no tools left.
+- `stream_options` without `stream` is a 400: dropped.
+- `role: "developer"` (OpenAI's newer name for system) becomes `system`; chat templates such as
+  the ChatML/Qwen ones know only system/user/assistant/tool.
+- legacy `functions` / `function_call` become `tools` / `tool_choice`.
+- tool-call `arguments` sent as an object (some clients do) become the JSON string vLLM expects.
+- streaming always asks for `include_usage`; the agent only sees the usage chunk if it asked.
+- `n` other than 1 is refused: the proxy records one sample per call.
+
+What changes on the way out: engine-only fields are stripped (`prompt_token_ids`,
+`choices[].token_ids`, `prompt_logprobs`, `kv_transfer_params`, vLLM's `stop_reason`), and
+`logprobs` unless the agent asked for them; `model` is the name the agent asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (
+    Dialect,
+    DialectError,
+    StreamEncoder,
+    arguments_json,
+    dumps,
+    require,
+    require_body,
+    sse_data,
+)
+
+__all__ = ["ChatDialect", "ChatStreamEncoder", "openai_error"]
+
+# Top-level keys of an engine reply/chunk that only the capture core wants.
+_ENGINE_ONLY = frozenset(
+    {"prompt_token_ids", "prompt_logprobs", "prompt_text", "kv_transfer_params",
+     "ec_transfer_params", "metrics"}
+)
+# Per-choice keys that only the capture core wants.
+_CHOICE_ENGINE_ONLY = frozenset({"token_ids", "stop_reason", "routed_experts"})
+
+
+def openai_error(status: int, message: str) -> dict:
+    """OpenAI's error body (shared by Chat Completions and Responses)."""
+    kind = {
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        429: "rate_limit_error",
+    }.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def _normalise_tool_calls(calls: Any, where: str) -> list[dict]:
+    require(calls, list, where)
+    out = []
+    for i, call in enumerate(calls):
+        require(call, dict, f"{where}[{i}]")
+        function = require(call.get("function"), dict, f"{where}[{i}].function")
+        require(function.get("name"), str, f"{where}[{i}].function.name")
+        arguments = function.get("arguments", "")
+        if isinstance(arguments, dict | list):
+            call = {**call, "function": {**function, "arguments": arguments_json(arguments)}}
+        elif not isinstance(arguments, str):
+            require(arguments, str, f"{where}[{i}].function.arguments")
+        out.append(call)
+    return out
+
+
+def _normalise_messages(messages: Any) -> list[dict]:
+    require(messages, list, "messages")
+    if not messages:
+        raise DialectError("messages must not be empty")
+    out = []
+    for i, message in enumerate(messages):
+        require(message, dict, f"messages[{i}]")
+        role = require(message.get("role"), str, f"messages[{i}].role")
+        content = message.get("content")
+        if content is not None:
+            require(content, (str, list), f"messages[{i}].content")
+        if role == "developer":
+            message = {**message, "role": "system"}
+        elif role not in ("system", "user", "assistant", "tool", "function"):
+            raise DialectError(
+                f"messages[{i}].role {role!r} is not one of system, developer, user, "
+                "assistant, tool"
+            )
+        if role == "tool":
+            require(message.get("tool_call_id"), str, f"messages[{i}].tool_call_id")
+        if message.get("tool_calls") is not None:
+            calls = _normalise_tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
+            message = {**message, "tool_calls": calls} if calls else _without(message, "tool_calls")
+        out.append(message)
+    return out
+
+
+def _without(d: dict, *keys: str) -> dict:
+    return {k: v for k, v in d.items() if k not in keys}
+
+
+class ChatDialect(Dialect):
+    """Chat Completions in, Chat Completions out: normalise, forward, strip engine fields."""
+
+    name = "chat"
+
+    def to_chat(self, body: dict) -> dict:
+        body = require_body(body)
+        out = dict(body)
+        out["messages"] = _normalise_messages(body.get("messages"))
+        n = body.get("n")
+        if n is not None and n != 1:
+            raise DialectError(f"n must be 1 (the capture proxy records one sample), got {n!r}")
+
+        if body.get("functions") is not None and body.get("tools") is None:
+            functions = require(body["functions"], list, "functions")
+            out["tools"] = [{"type": "function", "function": f} for f in functions]
+            call = body.get("function_call")
+            if isinstance(call, dict):
+                out["tool_choice"] = {"type": "function", "function": call}
+            elif call in ("auto", "none"):
+                out["tool_choice"] = call
+        out.pop("functions", None)
+        out.pop("function_call", None)
+
+        tools = out.get("tools")
+        if tools is not None:
+            require(tools, list, "tools")
+            for i, tool in enumerate(tools):
+                require(tool, dict, f"tools[{i}]")
+                if tool.get("type", "function") != "function":
+                    raise DialectError(
+                        f"tools[{i}].type {tool.get('type')!r} is not supported: the engine "
+                        "only runs function tools"
+                    )
+                function = require(tool.get("function"), dict, f"tools[{i}].function")
+                require(function.get("name"), str, f"tools[{i}].function.name")
+        if not tools:
+            # vLLM rejects `tools: []` and a tool_choice without tools.
+            out.pop("tools", None)
+            out.pop("tool_choice", None)
+            out.pop("parallel_tool_calls", None)
+
+        stream = body.get("stream")
+        if stream is not None:
+            require(stream, bool, "stream")
+        if stream:
+            options = body.get("stream_options")
+            options = dict(options) if isinstance(options, dict) else {}
+            options["include_usage"] = True
+            out["stream_options"] = options
+        else:
+            out.pop("stream_options", None)
+        return out
+
+    def from_chat(self, chat: dict, request: dict) -> dict:
+        wants_logprobs = bool(request.get("logprobs"))
+        out = {k: v for k, v in chat.items() if k not in _ENGINE_ONLY}
+        if isinstance(request.get("model"), str):
+            out["model"] = request["model"]
+        choices = chat.get("choices")
+        if isinstance(choices, list):
+            out["choices"] = [_clean_choice(c, wants_logprobs) for c in choices]
+        return out
+
+    def stream_encoder(self, request: dict) -> ChatStreamEncoder:
+        return ChatStreamEncoder(request)
+
+    def error_body(self, status: int, message: str) -> dict:
+        return openai_error(status, message)
+
+
+def _clean_choice(choice: Any, keep_logprobs: bool) -> Any:
+    if not isinstance(choice, dict):
+        return choice
+    drop = _CHOICE_ENGINE_ONLY if keep_logprobs else _CHOICE_ENGINE_ONLY | {"logprobs"}
+    return {k: v for k, v in choice.items() if k not in drop}
+
+
+class ChatStreamEncoder(StreamEncoder):
+    """Chunks pass through with engine fields stripped; one small dict copy per chunk."""
+
+    def __init__(self, request: dict) -> None:
+        self._model = request.get("model") if isinstance(request.get("model"), str) else None
+        self._logprobs = bool(request.get("logprobs"))
+        options = request.get("stream_options")
+        self._usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        self._failed = False
+
+    def on_chunk(self, chunk: dict) -> bytes:
+        if self._failed:
+            return b""
+        if "error" in chunk:
+            error = chunk["error"] if isinstance(chunk["error"], dict) else {}
+            return self.fail(str(error.get("message") or chunk["error"]))
+        choices = chunk.get("choices")
+        if not choices and not self._usage:
+            # The usage-only chunk the proxy asked for on the agent's behalf.
+            return b""
+        out = {k: v for k, v in chunk.items() if k not in _ENGINE_ONLY}
+        if self._model is not None:
+            out["model"] = self._model
+        if choices:
+            out["choices"] = [_clean_choice(c, self._logprobs) for c in choices]
+        if not self._usage:
+            out.pop("usage", None)
+        return sse_data(out)
+
+    def finish(self) -> bytes:
+        return b"" if self._failed else sse_data("[DONE]")
+
+    def fail(self, message: str) -> bytes:
+        if self._failed:
+            return b""
+        self._failed = True
+        body = openai_error(500, message)
+        return f"data: {dumps(body)}\n\n".encode()
