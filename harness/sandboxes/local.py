@@ -1,0 +1,360 @@
+"""A local bubblewrap sandbox: start, exec, put/get files, stop. No Harbor types here.
+
+`BwrapSandbox` is the engine under `BwrapEnvironment` (the Harbor adapter in `bwrap.py`); the
+agents and session code may use either. Lifecycle:
+
+    start():  make a private host dir (root/, run/, net/), listen on run/ctl.sock, open the
+              port relays, spawn `bwrap ... python3 supervisor.py`, wait for "ready"
+    exec():   one control connection per command (channel.run_command)
+    put/get:  tar streamed through exec, so every path is resolved inside the sandbox's own view
+              (an agent's symlink cannot aim a host-side write at a host file)
+    stop():   SIGKILL the sandbox's pid-1 (the kernel then kills every process in its pid
+              namespace), reap bwrap, close the relays, remove the cgroup and the private dir
+
+Measured here (bench/sandbox_startup.py): start + stop is dominated by the supervisor's Python
+start-up; see that script for the current figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import tarfile
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from harness.sandboxes.channel import OutputSink, PortForwarder, RawExecResult, run_command
+from harness.sandboxes.errors import (
+    SandboxClosedError,
+    SandboxExecTimeoutError,
+    SandboxPathError,
+    SandboxStartError,
+    SandboxUnavailableError,
+)
+from harness.sandboxes.limits import ProcessCgroup, SandboxLimits
+from harness.sandboxes.mounts import BASE_PATH, bwrap_argv
+
+__all__ = ["BASE_ENV", "BwrapSandbox", "SandboxSpec", "check_bwrap_available"]
+
+logger = logging.getLogger(__name__)
+
+_SUPERVISOR_SOURCE = (Path(__file__).with_name("supervisor.py")).read_text()
+_SANDBOX_PYTHON = "/usr/bin/python3"
+_READY_TIMEOUT_S = 20.0
+
+# The only variables a command sees besides the spec's and the caller's: no host secrets pass.
+BASE_ENV = {
+    "PATH": BASE_PATH,
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+    "TMPDIR": "/tmp",
+    "USER": "root",
+    "SHELL": "/bin/sh",
+    "IS_SANDBOX": "1",
+}
+
+
+@dataclass
+class SandboxSpec:
+    """What a sandbox looks like from inside.
+
+    ro_binds: {host path: sandbox path}, read-only (agent CLIs, venvs; see mounts.resolved_tool_binds)
+    forward:  {sandbox loopback port: (host, port)}: 127.0.0.1:PORT inside reaches host:port
+    env:      variables every command gets (on top of BASE_ENV, under the caller's own)
+    seed:     {sandbox dir: host dir} copied in before the sandbox starts (the task's files)
+    """
+
+    workdir: str = "/app"
+    ro_binds: Mapping[str, str] = field(default_factory=dict)
+    forward: Mapping[int, tuple[str, int]] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    seed: Mapping[str, Path] = field(default_factory=dict)
+    hostname: str = "sandbox"
+
+
+def check_bwrap_available() -> None:
+    """Raise SandboxUnavailableError naming the fix when the local sandbox cannot run here."""
+    if shutil.which("bwrap") is None:
+        raise SandboxUnavailableError(
+            "bubblewrap (bwrap) is not installed: run `apt-get install -y bubblewrap` "
+            "(./setup.sh does it), or pick a remote sandbox with --sandbox docker|e2b|daytona|modal"
+        )
+    if not os.access(_SANDBOX_PYTHON, os.X_OK):
+        raise SandboxUnavailableError(
+            f"{_SANDBOX_PYTHON} is missing: the local sandbox's supervisor runs on the host's "
+            "system Python (apt-get install -y python3-minimal)"
+        )
+
+
+class BwrapSandbox:
+    """One running sandbox. Not reusable: start() once, stop() once (stop is idempotent)."""
+
+    def __init__(self, spec: SandboxSpec, *, name: str = "sandbox", base_dir: Path | None = None):
+        self.spec = spec
+        self.name = name
+        self._base_dir = base_dir
+        self.dir: Path | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._ctl: socket.socket | None = None
+        self._child_pid: int | None = None
+        self._cgroup: ProcessCgroup | None = None
+        self._forward_key: str | None = None
+        self._stopped = False
+        self.timings: dict[str, float] = {}
+
+    # -- paths ----------------------------------------------------------------------------------
+    @property
+    def root(self) -> Path:
+        if self.dir is None:
+            raise SandboxClosedError(f"sandbox {self.name} has not been started")
+        return self.dir / "root"
+
+    @property
+    def log_path(self) -> Path | None:
+        return None if self.dir is None else self.dir / "run" / "supervisor.log"
+
+    def _seed_path(self, sandbox_path: str) -> Path:
+        """Host path of a sandbox path in the private root, for seeding before start only."""
+        rel = PurePosixPath(sandbox_path)
+        if not rel.is_absolute() or ".." in rel.parts:
+            raise SandboxPathError(f"sandbox paths must be absolute without '..': {sandbox_path}")
+        for ro in ("/usr", "/etc", "/proc", "/dev", *self.spec.ro_binds.values()):
+            if rel == PurePosixPath(ro) or PurePosixPath(ro) in rel.parents:
+                raise SandboxPathError(f"{sandbox_path} is under read-only {ro}")
+        return self.root.joinpath(*rel.parts[1:])
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        check_bwrap_available()
+        if self.dir is not None:
+            raise SandboxStartError(f"sandbox {self.name} was already started")
+        t0 = time.perf_counter()
+        self.dir = Path(
+            tempfile.mkdtemp(prefix=f"harness-sbx-{self.name[:40]}-", dir=self._base_dir)
+        )
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        self.timings["start_s"] = time.perf_counter() - t0
+
+    async def _start(self) -> None:
+        assert self.dir is not None
+        for sub in ("root", "run", "net"):
+            (self.dir / sub).mkdir()
+        for sub in ("tmp", "logs/agent", "logs/verifier", "logs/artifacts", "root"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        (self.root / "tmp").chmod(0o1777)
+        self._seed_path(self.spec.workdir).mkdir(parents=True, exist_ok=True)
+        for target, source in self.spec.seed.items():
+            _copy_tree(Path(source), self._seed_path(target))
+
+        ctl_path = self.dir / "run" / "ctl.sock"
+        self._ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._ctl.bind(str(ctl_path))
+        self._ctl.listen(64)
+        self._ctl.set_inheritable(True)
+
+        net_dir: Path | None = None
+        forward_map: dict[str, str] = {}
+        if self.spec.forward:
+            net_dir = self.dir / "net"
+            self._forward_key = f"{self.name}-{uuid.uuid4().hex}"
+            PortForwarder.shared().open(self._forward_key, net_dir, dict(self.spec.forward))
+            forward_map = {str(p): f"/run/harness/{p}.sock" for p in self.spec.forward}
+
+        config = {
+            "ctl_fd": self._ctl.fileno(),
+            "forward": forward_map,
+            "limits": self.spec.limits.rlimits(),
+        }
+        info_r, info_w = os.pipe()
+        command = [_SANDBOX_PYTHON, "-I", "-S", "-c", _SUPERVISOR_SOURCE, json.dumps(config)]
+        argv = bwrap_argv(
+            root_dir=self.root,
+            net_dir=net_dir,
+            ro_binds=self.spec.ro_binds,
+            hostname=self.spec.hostname,
+            info_fd=info_w,
+            command=command,
+        )
+        self._cgroup = ProcessCgroup.create(self.name, self.spec.limits)
+        if self._cgroup is not None:
+            argv = self._cgroup.wrap(argv)
+        log = open(self.dir / "run" / "supervisor.log", "wb")  # noqa: SIM115 (child keeps it)
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                pass_fds=(self._ctl.fileno(), info_w),
+                env={"PATH": BASE_PATH},
+                start_new_session=True,
+            )
+        finally:
+            os.close(info_w)
+            log.close()
+        try:
+            assert self._proc.stdout is not None
+            line = await asyncio.wait_for(self._proc.stdout.readline(), _READY_TIMEOUT_S)
+        except TimeoutError:
+            line = b""
+        if line.strip() != b"ready":
+            os.close(info_r)
+            raise SandboxStartError(
+                f"sandbox {self.name} did not start (bwrap exit {self._proc.returncode}); "
+                f"log tail: {self._log_tail()!r}"
+            )
+        # bwrap wrote {"child-pid": N} before the supervisor could print "ready"; read without
+        # blocking, since the write end may stay open in bwrap.
+        os.set_blocking(info_r, False)
+        try:
+            info = os.read(info_r, 4096)
+        finally:
+            os.close(info_r)
+        self._child_pid = int(json.loads(info.split(b"}")[0] + b"}")["child-pid"])
+
+    def _log_tail(self) -> str:
+        path = self.log_path
+        if path is None or not path.exists():
+            return ""
+        return path.read_text(errors="replace")[-2000:]
+
+    async def stop(self) -> None:
+        """Kill every process of the sandbox, close its relays and remove its files. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        t0 = time.perf_counter()
+        if self._child_pid is not None:
+            # The sandbox's pid 1: when it dies the kernel kills its whole pid namespace, and
+            # bwrap (its parent) reaps it and exits, so waiting for bwrap waits for all of them.
+            _kill(self._child_pid)
+        if self._proc is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._proc.wait()), 5.0)
+            except TimeoutError:
+                _kill(self._proc.pid)  # bwrap itself is wedged; its child dies with it
+                await self._proc.wait()
+        if self._ctl is not None:
+            self._ctl.close()
+        if self._forward_key is not None:
+            PortForwarder.shared().close(self._forward_key)
+        if self._cgroup is not None:
+            self._cgroup.remove()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.timings["stop_s"] = time.perf_counter() - t0
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None and not self._stopped
+
+    # -- commands -------------------------------------------------------------------------------
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout_s: float | None = None,
+        stdin: bytes = b"",
+        on_output: OutputSink | None = None,
+    ) -> RawExecResult:
+        """Run argv inside; raises SandboxExecTimeoutError past the deadline (group killed)."""
+        if not self.running or self.dir is None:
+            raise SandboxClosedError(f"sandbox {self.name} is not running")
+        timeout = timeout_s if timeout_s is not None else self.spec.limits.default_exec_timeout_s
+        full_env = {**BASE_ENV, **self.spec.env, **(env or {})}
+        run = run_command(
+            self.dir / "run" / "ctl.sock",
+            argv,
+            env=full_env,
+            cwd=cwd or self.spec.workdir,
+            timeout_s=timeout,
+            stdin=stdin,
+            on_output=on_output,
+        )
+        # The supervisor enforces the deadline; this backstop covers a wedged supervisor.
+        result = await (asyncio.wait_for(run, timeout + 30) if timeout else run)
+        if result.timed_out:
+            raise SandboxExecTimeoutError(
+                f"command timed out after {timeout} seconds and was killed: {argv[-1][:200]!r}",
+                timeout_s=float(timeout or 0),
+                stdout=result.stdout.decode(errors="replace"),
+                stderr=result.stderr.decode(errors="replace"),
+            )
+        return result
+
+    async def shell(self, command: str, **kwargs) -> RawExecResult:
+        return await self.exec(["/bin/sh", "-c", command], **kwargs)
+
+    # -- files (through exec, resolved in the sandbox's view) -----------------------------------
+    async def put_file(self, data: bytes, target: str) -> None:
+        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
+        await self._checked(["/bin/sh", "-c", script, "sh", target], stdin=data, what=target)
+
+    async def put_dir(self, source: Path, target: str) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for child in sorted(Path(source).iterdir()):
+                tar.add(child, arcname=child.name)
+        script = 'mkdir -p -- "$1" && tar -x --no-same-owner -f - -C "$1"'
+        await self._checked(
+            ["/bin/sh", "-c", script, "sh", target], stdin=buf.getvalue(), what=target
+        )
+
+    async def get_file(self, source: str) -> bytes:
+        return (await self._checked(["cat", "--", source], what=source)).stdout
+
+    async def get_dir(self, source: str, target: Path) -> None:
+        result = await self._checked(["tar", "-c", "-f", "-", "-C", source, "."], what=source)
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:") as tar:
+            tar.extractall(target, filter=_safe_member)
+
+    async def _checked(self, argv: list[str], *, what: str, stdin: bytes = b"") -> RawExecResult:
+        result = await self.exec(argv, stdin=stdin, cwd="/", timeout_s=600)
+        if result.return_code != 0:
+            raise SandboxPathError(
+                f"{argv[0]} on sandbox path {what} failed (exit {result.return_code}): "
+                f"{result.stderr.decode(errors='replace').strip()[:500]}"
+            )
+        return result
+
+
+def _safe_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's data filter, skipping device nodes and FIFOs (they carry no content)."""
+    if member.isdev():
+        return None
+    return tarfile.data_filter(member, dest)
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """Copy a host file or directory into the (not yet started) sandbox root."""
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,15 @@
+#!/bin/bash
+# Runs after the agent, from the task workdir; python3 and coreutils only (no installs).
+mkdir -p /logs/verifier
+
+python3 - <<'EOF'
+import json
+reward = 0
+try:
+    config = json.load(open("/app/config.json"))
+    expected = {"name": "demo-service", "port": 9090, "debug": False, "features": ["search", "export"]}
+    reward = int(config == expected)
+except Exception as exc:
+    print("config.json unreadable:", exc)
+open("/logs/verifier/reward.txt", "w").write(f"{reward}\n")
+EOF

@@ -1,0 +1,2 @@
+#!/bin/bash
+printf 'Hello, Harness!\n' > /app/greeting.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+mkdir -p /app/archive
+mv /app/inbox/*.log /app/archive/
