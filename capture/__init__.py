@@ -1,0 +1,44 @@
+"""The capture proxy: agents talk to it as their model provider; it records what the engine sampled.
+
+An agent (opencode, Claude Code, Codex, mini-swe-agent) is pointed at a per-session base URL with
+the session secret as its API key. Each call is translated from the agent's dialect (capture.
+dialects) to a vLLM chat completion, rewritten to the session's sampling policy, forwarded, and
+answered in the agent's own wire format (streamed as the engine streams). The engine's prompt ids,
+sampled ids and logprobs are recorded per call, linked into a rollout graph by exact token prefix,
+and exported as an `openenv.core.harness.training.TrainingTrace`.
+
+    capture.server.CaptureServer     the proxy in-process (uvicorn thread); `python -m capture`
+    capture.client.CaptureClient     admin API client (+ AsyncCaptureClient)
+    capture.errors                   the exception tree (upstream vs session vs bad input)
+    capture.graph / aux / export     rollout graph, aux tagging, TrainingTrace export
+    capture.fake_engine              a fast fake vLLM for tests, fault injection and the benchmark
+
+What the room refuses: tokenizing anything (ids come from the engine), scoring anything (rewards
+are the verifier's), and importing torch or harbor (it runs on its own, light, on any host).
+"""
+
+from __future__ import annotations
+
+from .client import AsyncCaptureClient, CaptureClient, SessionInfo
+from .errors import (
+    BadRequest,
+    BadSessionKey,
+    CaptureError,
+    NothingTrainableError,
+    UnknownSession,
+    UpstreamError,
+)
+from .server import CaptureServer
+
+__all__ = [
+    "AsyncCaptureClient",
+    "BadRequest",
+    "BadSessionKey",
+    "CaptureClient",
+    "CaptureError",
+    "CaptureServer",
+    "NothingTrainableError",
+    "SessionInfo",
+    "UnknownSession",
+    "UpstreamError",
+]

@@ -1,0 +1,82 @@
+"""`python -m capture --engine-url URL [--host] [--port] [--data-dir] [--admin-key-file]`.
+
+Runs the capture proxy in the foreground until SIGINT/SIGTERM. The admin key is read from
+`--admin-key-file` when that file exists, otherwise generated and written there (mode 0600); with
+no file it is printed once on stdout, the only place it appears. Binds 127.0.0.1 by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from .server import CaptureServer
+
+
+def _admin_key(path: Path | None) -> tuple[str, bool]:
+    """(key, printed?) — read from the file, or generate (and write it there with mode 0600)."""
+    if path is not None and path.is_file():
+        key = path.read_text().strip()
+        if not key:
+            raise SystemExit(f"admin key file {path} is empty; delete it to generate a new key")
+        return key, False
+    key = secrets.token_urlsafe(32)
+    if path is None:
+        return key, True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key + "\n")
+    return key, False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m capture", description=__doc__.split("\n")[0])
+    parser.add_argument("--engine-url", required=True, help="vLLM server root, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8300, help="port (0 picks a free one)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="persist sessions and call logs here; a restart recovers them")
+    parser.add_argument("--admin-key-file", type=Path, default=None,
+                        help="read the admin key from this file, or write a new one there (0600)")
+    parser.add_argument("--max-body-mb", type=int, default=32, help="largest agent request body")
+    parser.add_argument("--upstream-timeout-s", type=float, default=600.0)
+    parser.add_argument("--public-url", default=None,
+                        help="URL agents reach the proxy at, if not the one they call admin on")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+
+    key, show = _admin_key(args.admin_key_file)
+    server = CaptureServer(
+        args.engine_url,
+        admin_key=key,
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        max_body_bytes=args.max_body_mb * 1024 * 1024,
+        upstream_timeout_s=args.upstream_timeout_s,
+        public_url=args.public_url,
+    )
+    server.start()
+    print(f"capture proxy on {server.url} -> {args.engine_url}", flush=True)
+    if show:
+        print(f"admin key: {key}", flush=True)
+    elif args.admin_key_file is not None:
+        print(f"admin key in {args.admin_key_file}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

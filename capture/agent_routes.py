@@ -1,0 +1,306 @@
+"""Agent routes: authenticate, translate, enforce, forward, record, answer in the agent's dialect.
+
+    POST /s/{id}/v1/chat/completions      dialect "chat"       (opencode, mini-swe-agent)
+    POST /s/{id}/v1/responses             dialect "responses"  (Codex)
+    POST /s/{id}/v1/messages              dialect "messages"   (Claude Code; `?beta=true` ignored)
+    POST /s/{id}/v1/messages/count_tokens side route: answered by the dialect, never recorded
+    GET  /s/{id}/v1/models                side route: the engine's model, never recorded
+    HEAD|GET /s/{id}/                     side route: Claude Code's liveness probe
+
+Order of checks, cheapest and most important first: session exists (404) and the key is this
+session's own (401, nothing recorded, body never read); content type (415); size (413); JSON
+(400); dialect translation (its DialectError status). Only then is a call id taken and the call
+recorded (ok or failed), so a rejected request never appears in a trace.
+
+Per call, one engine request: the dialect's chat body, rewritten to the session's sampling policy
+and the capture fields (upstream module docstring). Streaming replies are passed to the agent chunk
+by chunk as the engine makes them, the recorder reading each chunk first. An engine failure before
+the first byte becomes a non-streaming error in the agent's dialect (502/504, or the engine's 4xx);
+after it, the dialect's mid-stream error event. Either way the call is recorded as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .aux import aux_hint
+from .dialects import DIALECTS
+from .dialects.base import Dialect, DialectError, StreamEncoder
+from .errors import AgentDisconnected, BadRequest, CaptureError, UpstreamError
+from .recorder import CallRecorder
+from .sessions import Session
+from .upstream import JSON_ERRORS, EngineStream, loads
+
+if TYPE_CHECKING:
+    from .app import CaptureState
+
+__all__ = ["agent_endpoint", "count_tokens", "models", "probe"]
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def _presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def _error(dialect: Dialect, error: CaptureError | DialectError, status: int | None = None
+           ) -> JSONResponse:
+    status = status or error.status
+    return JSONResponse(dialect.error_body(status, error.message), status_code=status)
+
+
+def _authorize(state: CaptureState, request: Request) -> Session:
+    session = state.store.get(request.path_params["session_id"])
+    session.check_key(_presented_key(request))
+    return session
+
+
+async def _read_json(state: CaptureState, request: Request) -> dict[str, Any]:
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if ctype and ctype != "application/json" and not ctype.endswith("+json"):
+        raise BadRequest(f"content-type must be application/json, got {ctype[:80]!r}", status=415)
+    limit = state.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadRequest(f"request body is over the proxy's {limit}-byte limit", status=413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(f"request body is over the proxy's {limit}-byte limit", status=413)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise BadRequest("request body is empty; send a JSON object")
+    try:
+        body = loads(raw)
+    except JSON_ERRORS as exc:
+        raise BadRequest(f"request body is not valid JSON: {str(exc)[:200]}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def agent_endpoint(dialect_name: str):
+    """The route handler for one dialect's model-call route."""
+    dialect = DIALECTS[dialect_name]
+
+    async def agent_call(request: Request) -> Response:
+        return await _agent_call(request, dialect)
+
+    agent_call.__name__ = f"agent_call_{dialect_name}"
+    return agent_call
+
+
+async def _agent_call(request: Request, dialect: Dialect) -> Response:
+    state: CaptureState = request.app.state.capture
+    try:
+        session = _authorize(state, request)
+        body = await _read_json(state, request)
+        try:
+            chat = dialect.to_chat(body)
+        except DialectError:
+            raise
+        except Exception as exc:  # a dialect bug on hostile input must not become a 500
+            logger.exception("dialect %s failed on a request", dialect.name)
+            state.dialect_crashes += 1
+            raise BadRequest(
+                f"could not translate the request: {type(exc).__name__}: {exc}"
+            ) from exc
+    except (CaptureError, DialectError) as exc:
+        return _error(dialect, exc)
+    return await _forward(state, session, dialect, body, chat)
+
+
+def _call_info(state: CaptureState, dialect: Dialect, body: dict[str, Any],
+               chat: dict[str, Any], enforced: dict[str, Any]) -> dict[str, Any]:
+    tools = chat.get("tools") if isinstance(chat.get("tools"), list) else []
+    messages = chat.get("messages") if isinstance(chat.get("messages"), list) else []
+    names = [
+        (t.get("function") or {}).get("name") for t in tools
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
+    return {
+        "dialect": dialect.name,
+        "stream": bool(chat.get("stream")),
+        "model_requested": body.get("model") if isinstance(body.get("model"), str) else None,
+        "n_tools": len(tools),
+        "max_tokens_requested": enforced["max_tokens"]["requested"],
+        "hint": aux_hint(messages),
+        "sampling": enforced,
+        "weight_version_start": state.weight_version,
+        "request": {"tools": names, "tool_choice": chat.get("tool_choice")},
+        "_messages": messages,
+    }
+
+
+async def _forward(state: CaptureState, session: Session, dialect: Dialect,
+                   body: dict[str, Any], chat: dict[str, Any]) -> Response:
+    enforced = session.policy.enforce(chat)
+    chat["logprobs"] = True
+    chat["top_logprobs"] = 0
+    chat["return_token_ids"] = True
+    try:
+        chat["model"] = await state.engine.served_model()
+    except UpstreamError as exc:
+        return _error(dialect, exc)
+    stream = bool(chat.get("stream"))
+    if stream:
+        options = chat.get("stream_options") if isinstance(chat.get("stream_options"), dict) else {}
+        chat["stream_options"] = {**options, "include_usage": True}
+    info = _call_info(state, dialect, body, chat, enforced)
+    call_id = session.next_call_id()
+    started = time.perf_counter()
+    session.in_flight += 1
+    recorder = CallRecorder()
+    if not stream:
+        try:
+            reply = await state.engine.complete(chat)
+            recorder.add_reply(reply)
+            capture = recorder.result()
+        except UpstreamError as exc:
+            _finish_failed(state, session, call_id, exc, info, started)
+            return _error(dialect, exc)
+        _finish_ok(state, session, call_id, recorder, capture, info, started)
+        return JSONResponse(dialect.from_chat(reply, body))
+    try:
+        upstream = await state.engine.open_stream(chat)
+    except UpstreamError as exc:
+        _finish_failed(state, session, call_id, exc, info, started)
+        return _error(dialect, exc)
+    relay = _Relay(state, session, call_id, info, started, recorder, upstream,
+                   dialect.stream_encoder(body))
+    return _RelayResponse(relay)
+
+
+class _Relay:
+    """One streaming call: engine chunks -> recorder -> encoder -> agent, recorded exactly once."""
+
+    def __init__(self, state: CaptureState, session: Session, call_id: str, info: dict[str, Any],
+                 started: float, recorder: CallRecorder, upstream: EngineStream,
+                 encoder: StreamEncoder) -> None:
+        self.state, self.session, self.call_id, self.info = state, session, call_id, info
+        self.started, self.recorder, self.upstream, self.encoder = started, recorder, upstream, encoder
+        self.recorded = False
+
+    async def events(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.upstream.chunks():
+                self.recorder.add_chunk(chunk)
+                data = self.encoder.on_chunk(chunk)
+                if data:
+                    yield data
+            capture = self.recorder.result()
+            self.recorded = True
+            _finish_ok(self.state, self.session, self.call_id, self.recorder, capture, self.info,
+                       self.started)
+            tail = self.encoder.finish()
+            if tail:
+                yield tail
+        except UpstreamError as exc:
+            self._fail(exc)
+            yield self.encoder.fail(exc.message)
+
+    def _fail(self, exc: Exception) -> None:
+        if not self.recorded:
+            self.recorded = True
+            _finish_failed(self.state, self.session, self.call_id, exc, self.info, self.started)
+
+    async def close(self) -> None:
+        """Always runs: records an abandoned call (the agent hung up) and frees the connection."""
+        self._fail(AgentDisconnected("the agent closed the connection before the reply ended"))
+        await self.upstream.aclose()
+
+
+class _RelayResponse(StreamingResponse):
+    """A StreamingResponse whose relay is closed even if the agent leaves before the first byte."""
+
+    def __init__(self, relay: _Relay) -> None:
+        super().__init__(relay.events(), media_type="text/event-stream", headers=SSE_HEADERS)
+        self._relay = relay
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._relay.close()
+
+
+def _finish_ok(state: CaptureState, session: Session, call_id: str, recorder: CallRecorder,
+               capture: Any, info: dict[str, Any], started: float) -> None:
+    session.in_flight -= 1
+    info["weight_version_end"] = state.weight_version
+    info["latency_s"] = round(time.perf_counter() - started, 6)
+    info["finish_reason"] = capture.finish_reason
+    info["usage"] = capture.usage
+    info["masked_logprobs"] = capture.missing_logprobs
+    info["response"] = {"message": capture.message, "finish_reason": capture.finish_reason}
+    session.record_ok(call_id, capture, info)
+
+
+def _finish_failed(state: CaptureState, session: Session, call_id: str, error: Exception,
+                   info: dict[str, Any], started: float) -> None:
+    session.in_flight -= 1
+    info["weight_version_end"] = state.weight_version
+    info["latency_s"] = round(time.perf_counter() - started, 6)
+    session.record_failed(call_id, error, info)
+    logger.warning("session %s call %s failed: %s", session.session_id, call_id, error)
+
+
+# --- side routes (never recorded) ---------------------------------------------------------------
+async def count_tokens(request: Request) -> Response:
+    state: CaptureState = request.app.state.capture
+    dialect = DIALECTS["messages"]
+    try:
+        _authorize(state, request)
+        body = await _read_json(state, request)
+        answer = dialect.count_tokens(body)
+    except (CaptureError, DialectError) as exc:
+        return _error(dialect, exc)
+    except Exception as exc:  # same rule as to_chat: hostile input never becomes a 500
+        logger.exception("count_tokens failed")
+        return _error(dialect, BadRequest(f"could not count tokens: {type(exc).__name__}"))
+    if answer is None:
+        return _error(dialect, BadRequest("this dialect has no token-count route", status=404))
+    return JSONResponse(answer)
+
+
+async def models(request: Request) -> Response:
+    state: CaptureState = request.app.state.capture
+    dialect = DIALECTS["chat"]
+    try:
+        _authorize(state, request)
+        name = await state.engine.served_model()
+    except CaptureError as exc:
+        return _error(dialect, exc)
+    created = int(time.time())
+    return JSONResponse({
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": created, "owned_by": "capture",
+                  # Anthropic's models list shape, for agents that list models that way.
+                  "type": "model", "display_name": name}],
+    })
+
+
+async def probe(request: Request) -> Response:
+    state: CaptureState = request.app.state.capture
+    try:
+        _authorize(state, request)
+    except CaptureError as exc:
+        return _error(DIALECTS["messages"], exc)
+    if request.method == "HEAD":
+        return Response(status_code=200)
+    return JSONResponse({"ok": True})
+

@@ -1,0 +1,250 @@
+"""The ASGI app: route table, shared state, and the admin routes.
+
+Admin routes (all need `Authorization: Bearer <admin_key>`):
+
+    POST   /admin/sessions                 {"sampling"?, "metadata"?, "session_id"?} -> 201
+                                           {session_id, secret, base_urls, sampling}
+    GET    /admin/sessions                 ids and call counts
+    GET    /admin/sessions/{id}/trace      TrainingTrace JSON (streamed), or 409 + reasons
+    GET    /admin/sessions/{id}/stats      graph shape, retained/aux/failed counts, tokens, memory
+    DELETE /admin/sessions/{id}            forget it (and its on-disk log)
+    POST   /admin/weight_version           {"version": int}: the engine's weights changed
+    GET    /admin/weight_version
+    GET    /health                         no key; liveness only, reveals no session
+
+Agent routes live in `agent_routes`. Starlette (not FastAPI): the proxy has a dozen routes and no
+schema to publish, and every layer between the socket and the engine is per-call CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .agent_routes import agent_endpoint, count_tokens, models, probe
+from .errors import BadRequest, BadSessionKey, CaptureError, NothingTrainableError
+from .export import iter_trace_json, plan_export
+from .sessions import SessionStore
+from .upstream import JSON_ERRORS, EngineClient, loads
+
+__all__ = ["CaptureState", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class CaptureState:
+    """Everything the routes share. One per proxy; lives on `app.state.capture`."""
+
+    engine: EngineClient
+    store: SessionStore
+    admin_key: str
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    weight_version: int = 0
+    dialect_crashes: int = 0
+    public_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _admin_error(error: CaptureError) -> JSONResponse:
+    body: dict[str, Any] = {"error": {"type": type(error).__name__, "message": error.message}}
+    if isinstance(error, NothingTrainableError):
+        body["reasons"] = error.reasons
+    return JSONResponse(body, status_code=error.status)
+
+
+def _check_admin(request: Request) -> CaptureState:
+    state: CaptureState = request.app.state.capture
+    auth = request.headers.get("authorization", "")
+    key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if not hmac.compare_digest(key.encode("utf-8", "surrogatepass"), state.admin_key.encode()):
+        raise BadSessionKey(
+            "admin routes need `Authorization: Bearer <admin key>` (printed by `python -m "
+            "capture`, or CaptureServer.admin_key)"
+        )
+    return state
+
+
+async def _json_body(request: Request, limit: int = 1 << 20) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > limit:
+        raise BadRequest("admin request body too large", status=413)
+    if not raw.strip():
+        return {}
+    try:
+        body = loads(raw)
+    except JSON_ERRORS as exc:
+        raise BadRequest(f"body is not valid JSON: {str(exc)[:200]}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    return body
+
+
+def _base_urls(state: CaptureState, request: Request, session_id: str) -> dict[str, str]:
+    root = (state.public_url or str(request.base_url)).rstrip("/")
+    base = f"{root}/s/{session_id}"
+    return {"chat": f"{base}/v1", "responses": f"{base}/v1", "messages": base}
+
+
+async def create_session(request: Request) -> Response:
+    try:
+        state = _check_admin(request)
+        body = await _json_body(request)
+        session = state.store.create(
+            sampling=body.get("sampling"),
+            metadata=body.get("metadata"),
+            session_id=body.get("session_id"),
+        )
+    except CaptureError as exc:
+        return _admin_error(exc)
+    return JSONResponse(
+        {
+            "session_id": session.session_id,
+            "secret": session.secret,
+            "base_urls": _base_urls(state, request, session.session_id),
+            "sampling": session.policy.as_dict(),
+            "metadata": session.metadata,
+        },
+        status_code=201,
+    )
+
+
+async def list_sessions(request: Request) -> Response:
+    try:
+        state = _check_admin(request)
+    except CaptureError as exc:
+        return _admin_error(exc)
+    return JSONResponse(
+        {"sessions": [state.store.get(sid).describe() for sid in state.store.ids()]}
+    )
+
+
+async def session_trace(request: Request) -> Response:
+    try:
+        state = _check_admin(request)
+        session = state.store.get(request.path_params["session_id"])
+        plan = plan_export(session)
+        if plan.trainable_tokens == 0:
+            raise NothingTrainableError(session.session_id, plan.reasons)
+    except CaptureError as exc:
+        return _admin_error(exc)
+    return StreamingResponse(iter_trace_json(plan), media_type="application/json")
+
+
+async def session_stats(request: Request) -> Response:
+    try:
+        state = _check_admin(request)
+        session = state.store.get(request.path_params["session_id"])
+    except CaptureError as exc:
+        return _admin_error(exc)
+    plan = plan_export(session)
+    graph = session.graph
+    stored_bytes = sum(
+        n.seg.itemsize * len(n.seg) + n.completion.itemsize * len(n.completion)
+        + n.logprobs.itemsize * len(n.logprobs) for n in graph
+    )
+    return JSONResponse(
+        {
+            "session_id": session.session_id,
+            "n_calls": session.n_calls,
+            "n_ok": len(graph),
+            "n_failed": len(session.failed),
+            "in_flight": session.in_flight,
+            "graph": graph.stats(),
+            **plan.stats(),
+            "failures": session.failed[-20:],
+            "token_bytes": stored_bytes,
+            "torn_log_lines": session.torn_log_lines,
+            "sampling": session.policy.as_dict(),
+            "metadata": session.metadata,
+        }
+    )
+
+
+async def delete_session(request: Request) -> Response:
+    try:
+        state = _check_admin(request)
+        state.store.delete(request.path_params["session_id"])
+    except CaptureError as exc:
+        return _admin_error(exc)
+    return JSONResponse({"deleted": request.path_params["session_id"]})
+
+
+async def weight_version(request: Request) -> Response:
+    try:
+        state = _check_admin(request)
+        if request.method == "POST":
+            body = await _json_body(request)
+            version = body.get("version")
+            if isinstance(version, bool) or not isinstance(version, int):
+                raise BadRequest('send {"version": <int>}')
+            state.weight_version = version
+    except CaptureError as exc:
+        return _admin_error(exc)
+    return JSONResponse({"version": state.weight_version})
+
+
+async def health(request: Request) -> Response:
+    state: CaptureState = request.app.state.capture
+    return JSONResponse({"ok": True, "weight_version": state.weight_version})
+
+
+def create_app(
+    engine_url: str,
+    *,
+    admin_key: str,
+    data_dir: Path | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    upstream_timeout_s: float = 600.0,
+    public_url: str | None = None,
+) -> Starlette:
+    """Build the proxy app; recovers sessions from `data_dir` if it holds any."""
+    store = SessionStore(data_dir)
+    recovered = store.recover()
+    if recovered:
+        logger.info("recovered %d session(s) from %s", recovered, data_dir)
+    state = CaptureState(
+        engine=EngineClient(engine_url, timeout_s=upstream_timeout_s),
+        store=store,
+        admin_key=admin_key,
+        max_body_bytes=max_body_bytes,
+        public_url=public_url,
+    )
+    s = "/s/{session_id}"
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/admin/sessions", create_session, methods=["POST"]),
+        Route("/admin/sessions", list_sessions, methods=["GET"]),
+        Route("/admin/sessions/{session_id}/trace", session_trace, methods=["GET"]),
+        Route("/admin/sessions/{session_id}/stats", session_stats, methods=["GET"]),
+        Route("/admin/sessions/{session_id}", delete_session, methods=["DELETE"]),
+        Route("/admin/weight_version", weight_version, methods=["GET", "POST"]),
+        Route(f"{s}/v1/chat/completions", agent_endpoint("chat"), methods=["POST"]),
+        Route(f"{s}/v1/responses", agent_endpoint("responses"), methods=["POST"]),
+        Route(f"{s}/v1/messages", agent_endpoint("messages"), methods=["POST"]),
+        Route(f"{s}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route(f"{s}/v1/models", models, methods=["GET"]),
+        Route(f"{s}/", probe, methods=["GET", "HEAD"]),
+        Route(s, probe, methods=["GET", "HEAD"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await state.engine.aclose()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.capture = state
+    return app

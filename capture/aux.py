@@ -1,0 +1,86 @@
+"""Which calls are auxiliary (not the agent working), decided at export when the session is whole.
+
+An auxiliary call is real engine work the agent did not act on as a step of the task: opencode's
+title generator (its first call: no tools, "You are a title generator"), Claude Code's quota probe
+(`max_tokens: 1`, "quota") and topic/title checks, a summariser that compacts history. Training on
+them with the rollout's reward credits the title for solving the task, so they are kept in the
+trace for accounting but with an all-zero loss mask and `aux_reason` saying why.
+
+The rule is structural first, text second, in this order:
+
+    count_probe              the agent capped the call at <= 1 output token: a probe, not a turn
+    title_generator          a call without tools whose system prompt / last message asks for a title
+    summarizer               a call without tools that asks to summarise or compact
+    no_tools_in_tool_session the session sends tools on some calls and this one has none
+
+Why structure decides and text only names: coding agents always send their tool manifest on a real
+step (opencode 10 tools, Claude Code 24, Codex its shell tools, mini-swe-agent one `bash`), while
+their side calls send none. Text matching alone needed a new entry per agent and failed silently on
+agents nobody profiled (OpenEnv's lesson); it is used here only for calls that already have no
+tools, to name the reason. A session that never sends tools (an agent that parses tool calls out of
+text) has no structural signal, so only probes and explicit title/summary calls are tagged there.
+
+No user hook is needed for opencode, Claude Code, Codex or mini-swe-agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["aux_hint", "classify"]
+
+_TITLE_WORDS = ("title",)
+_SUMMARY_WORDS = ("summar", "compact")
+HINT_CHARS = 400
+
+
+def aux_hint(messages: list[Any]) -> str:
+    """A short lowercase excerpt (system prompt head + last user text) kept per call for export."""
+    system = ""
+    last_user = ""
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "system" and not system:
+            system = _text(message.get("content"))[:HINT_CHARS]
+        elif role == "user":
+            last_user = message.get("content")  # type: ignore[assignment]
+    return f"{system}\n{_text(last_user)[:HINT_CHARS]}".lower()
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            part.get("text", "") for part in content if isinstance(part, dict)
+            and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def classify(calls: Iterable[dict[str, Any]]) -> list[str | None]:
+    """One aux reason (or None) per call info dict, in order. Looks at the whole session at once."""
+    infos = list(calls)
+    session_uses_tools = any(info.get("n_tools", 0) > 0 for info in infos)
+    reasons: list[str | None] = []
+    for info in infos:
+        cap = info.get("max_tokens_requested")
+        if isinstance(cap, int) and cap <= 1:
+            reasons.append("count_probe")
+            continue
+        if info.get("n_tools", 0) > 0:
+            reasons.append(None)
+            continue
+        hint = info.get("hint", "")
+        if any(word in hint for word in _TITLE_WORDS):
+            reasons.append("title_generator")
+        elif any(word in hint for word in _SUMMARY_WORDS):
+            reasons.append("summarizer")
+        elif session_uses_tools:
+            reasons.append("no_tools_in_tool_session")
+        else:
+            reasons.append(None)
+    return reasons

@@ -1,0 +1,202 @@
+"""Session -> `openenv.core.harness.training.TrainingTrace` (schema 1), as JSON.
+
+One turn per retained engine call, in arrival order:
+
+    prompt_token_ids      the engine's prompt ids (rebuilt from the path: ancestors' new tokens and
+                          completions, then this call's new tokens; never re-tokenized)
+    completion_token_ids  the sampled ids
+    per_token_logps       the engine's processed logprob per sampled id (0.0 where it gave none)
+    loss_mask             prompt positions 0; sampled tokens 1, except 0 for tokens without a usable
+                          logprob (reason counted in metadata.masked_logprobs) and for aux calls
+    request / response    the chat-form messages this call added after its parent, the tool names,
+                          and the assistant message the engine produced
+    metadata              dialect, aux, aux_reason, parent_id, weight_version_start/end, latency_s,
+                          session_id, finish_reason, sampling, + node_index, stream, usage,
+                          masked_logprobs
+
+Not retained (counted in stats and in the 409 reasons, never silently dropped): failed calls (an
+upstream error: never trainable) and retries nobody continued (graph.RolloutGraph.discarded).
+Aux calls ARE retained with an all-zero mask: they are real context and usage, just not credit.
+
+Speed: a 150-turn session whose history reaches 41k tokens exports ~3.5M prompt ids. Built as
+pydantic objects that takes seconds (OpenEnv's export blocked its proxy 1.5 s), so the JSON is
+assembled from per-node text fragments (each node's new ids formatted once) and streamed turn by
+turn from an async generator, letting other sessions' calls run between turns.
+
+WHAT THIS MODULE CANNOT FILL IN: the reward. Scoring is the task verifier's job (the harness);
+a capture proxy that invented a number would be worse than one that leaves it out. And it never
+returns an empty trace: a session with nothing trainable raises NothingTrainableError with why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .aux import classify
+from .errors import NothingTrainableError
+from .graph import Node
+from .sessions import Session
+from .upstream import dumps
+
+__all__ = ["ExportPlan", "iter_trace_json", "plan_export", "trace_json"]
+
+
+@dataclass
+class ExportPlan:
+    """What an export will contain, decided before any JSON is written."""
+
+    session: Session
+    turns: list[tuple[Node, str | None]]  # retained nodes with their aux reason
+    discarded: dict[str, str]
+    trainable_tokens: int
+    reasons: list[str] = field(default_factory=list)  # why nothing is trainable (when so)
+
+    def stats(self) -> dict[str, Any]:
+        aux: dict[str, int] = {}
+        for _, reason in self.turns:
+            if reason is not None:
+                aux[reason] = aux.get(reason, 0) + 1
+        failed: dict[str, int] = {}
+        for entry in self.session.failed:
+            failed[entry["cause"]] = failed.get(entry["cause"], 0) + 1
+        return {
+            "n_retained_turns": len(self.turns),
+            "n_trainable_tokens": self.trainable_tokens,
+            "aux": aux,
+            "discarded": len(self.discarded),
+            "failed": failed,
+        }
+
+
+def plan_export(session: Session) -> ExportPlan:
+    """Choose retained turns, tag aux calls and count trainable tokens. Cheap: no token copies."""
+    nodes = list(session.graph)
+    discarded = session.graph.discarded()
+    retained = [node for node in nodes if node.node_id not in discarded]
+    reasons_aux = classify(node.info for node in retained)
+    trainable = 0
+    missing: dict[str, int] = {}
+    empty = 0
+    for node, reason in zip(retained, reasons_aux, strict=True):
+        if not node.completion:
+            empty += 1
+        for why, count in node.info.get("masked_logprobs", {}).items():
+            missing[why] = missing.get(why, 0) + count
+        if reason is None:
+            trainable += sum(1 for x in node.logprobs if not math.isnan(x))
+    plan = ExportPlan(session, list(zip(retained, reasons_aux, strict=True)), discarded,
+                      trainable)
+    if trainable == 0:
+        plan.reasons = _why_nothing(session, plan, missing, empty)
+    return plan
+
+
+def _why_nothing(session: Session, plan: ExportPlan, missing: dict[str, int],
+                 empty: int) -> list[str]:
+    stats = plan.stats()
+    reasons = []
+    if not session.graph and not session.failed:
+        reasons.append(
+            "no engine call was recorded: the agent never reached this session (check its base "
+            "URL and that it sends the session secret as its API key)"
+        )
+    if stats["failed"]:
+        reasons.append(f"{len(session.failed)} call(s) failed upstream {stats['failed']}")
+    if stats["aux"]:
+        reasons.append(f"{sum(stats['aux'].values())} call(s) are auxiliary {stats['aux']}")
+    if plan.discarded:
+        reasons.append(f"{len(plan.discarded)} call(s) were retries nobody continued")
+    if missing:
+        reasons.append(f"completion tokens without a usable logprob {missing}")
+    if empty:
+        reasons.append(f"{empty} call(s) sampled no tokens")
+    return reasons or ["no retained call has a trainable token"]
+
+
+def _ids_text(values: Any) -> str:
+    return ",".join(map(str, values))
+
+
+def iter_turn_json(plan: ExportPlan) -> Iterator[bytes]:
+    """Each retained turn as one JSON object (bytes), in arrival order."""
+    fragments: dict[str, tuple[str, str]] = {}  # node_id -> (new prompt ids, completion ids)
+
+    def fragment(node: Node) -> tuple[str, str]:
+        cached = fragments.get(node.node_id)
+        if cached is None:
+            cached = (_ids_text(node.seg), _ids_text(node.completion))
+            fragments[node.node_id] = cached
+        return cached
+
+    session_id = plan.session.session_id
+    for node, aux_reason in plan.turns:
+        pieces: list[str] = []
+        for ancestor in node.path()[:-1]:
+            seg_text, completion_text = fragment(ancestor)
+            pieces.append(seg_text)
+            pieces.append(completion_text)
+        seg_text, completion_text = fragment(node)
+        pieces.append(seg_text)
+        prompt_text = ",".join(piece for piece in pieces if piece)
+        trainable = aux_reason is None
+        mask = ["1" if trainable and not math.isnan(x) else "0" for x in node.logprobs]
+        logps = [0.0 if math.isnan(x) else x for x in node.logprobs]
+        prompt_mask = "0," * node.prompt_len
+        mask_text = prompt_mask + ",".join(mask) if mask else prompt_mask[:-1]
+        info = node.info
+        metadata = {
+            "session_id": session_id,
+            "dialect": info.get("dialect"),
+            "aux": not trainable,
+            "aux_reason": aux_reason,
+            "parent_id": node.parent_id,
+            "weight_version_start": info.get("weight_version_start"),
+            "weight_version_end": info.get("weight_version_end"),
+            "latency_s": info.get("latency_s"),
+            "finish_reason": info.get("finish_reason"),
+            "sampling": info.get("sampling"),
+            "node_index": node.index,
+            "stream": info.get("stream"),
+            "usage": info.get("usage"),
+            "masked_logprobs": info.get("masked_logprobs", {}),
+            "n_new_prompt_tokens": len(node.seg),
+        }
+        yield b"".join(
+            (
+                b'{"node_id":', dumps(node.node_id),
+                b',"prompt_token_ids":[', prompt_text.encode(),
+                b'],"completion_token_ids":[', completion_text.encode(),
+                b'],"per_token_logps":', dumps(logps),
+                b',"loss_mask":[', mask_text.encode(),
+                b'],"request":', dumps(info.get("request", {})),
+                b',"response":', dumps(info.get("response", {})),
+                b',"metadata":', dumps(metadata),
+                b"}",
+            )
+        )
+
+
+def _require_trainable(plan: ExportPlan) -> None:
+    if plan.trainable_tokens == 0:
+        raise NothingTrainableError(plan.session.session_id, plan.reasons)
+
+
+async def iter_trace_json(plan: ExportPlan) -> AsyncIterator[bytes]:
+    """The whole TrainingTrace JSON, turn by turn, yielding the event loop between turns."""
+    _require_trainable(plan)
+    yield b'{"schema_version":1,"turns":['
+    for i, turn in enumerate(iter_turn_json(plan)):
+        yield turn if i == 0 else b"," + turn
+        await asyncio.sleep(0)
+    yield b"]}"
+
+
+def trace_json(session: Session) -> bytes:
+    """The whole TrainingTrace JSON at once (in-process use and tests)."""
+    plan = plan_export(session)
+    _require_trainable(plan)
+    return b'{"schema_version":1,"turns":[' + b",".join(iter_turn_json(plan)) + b"]}"

@@ -1,0 +1,250 @@
+"""The rollout graph of one session: every engine call, linked to its parent by exact token prefix.
+
+Glossary (DESIGN.md words):
+
+    turn / node   one engine call: the prompt ids the engine tokenized, the ids it sampled
+    parent        the earlier node whose prompt+completion is the longest exact prefix of this
+                  node's prompt (so this call continued that conversation)
+    root          a node that extends nothing: the agent's first call, a subagent, a title
+                  generator, or a rewritten/compacted history
+    retry         a node with the same parent and the same prompt as a sibling
+
+Decisions, and the measured reasons behind them:
+
+  * Prompt ids come from the engine, never from a local chat template: a re-rendered prompt
+    matched the engine on 0 of 28 live turns in OpenEnv's measurement, which fragments one
+    conversation into many.
+  * Exact prefix or nothing. A harness that rewrites its history (compaction, a re-rendered system
+    prompt: Claude Code swaps its system prompt at call ~6) produced a different sequence; attaching
+    it would fabricate a trajectory the model never saw, so it starts a new root.
+  * Storage is per node: only the prompt tokens this node adds after its parent's end (`seg`) and
+    its completion, as `array('i')`. A 150-turn session whose history reaches 41k tokens holds ~41k
+    ids, not 150 copies of a growing prompt (OpenEnv's graph held ~283 MB for such a session).
+  * Parent lookup is a descent of the prefix tree, not a rescan of every earlier call: the few most
+    recent leaves ("hot" leaves) keep their whole end sequence, so the usual call (the agent's next
+    turn) is found with one C-level compare of its prompt against one stored array, and only the
+    new tokens are copied. A miss falls back to descending from the roots, comparing each child's
+    own span once. Python-level work is O(new tokens + branching), never O(calls x history).
+  * Calls are added when they COMPLETE. A descendant's prompt contains its ancestor's completion,
+    so an ancestor always completes before a descendant starts: arrival order is causal order and
+    no late re-parenting is needed (OpenEnv needed it because it inserted in a different order).
+
+What this module does not do: decide what is auxiliary (capture.aux, at export, when the whole
+session is known) or what is trainable (capture.export).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["HOT_LEAVES", "Node", "RolloutGraph"]
+
+# How many recent leaves keep their whole token sequence for the fast parent check. Each costs
+# 4 bytes x history length (164 KB at 41k tokens); parallel subagents rarely exceed a handful.
+HOT_LEAVES = 4
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    """One completed engine call. Token arrays hold only what this node adds to its parent."""
+
+    node_id: str
+    start: int  # = parent's end (prompt+completion length); 0 for a root
+    seg: array  # prompt ids [start:prompt_len): what the harness inserted since the parent
+    completion: array  # sampled ids
+    logprobs: array  # float per completion id; NaN where the engine gave none
+    parent: Node | None = None
+    children: list[Node] = field(default_factory=list)
+    index: int = 0  # arrival order in the session
+    info: dict[str, Any] = field(default_factory=dict)  # per-call metadata (dialect, tools, ...)
+    _prompt_key: bytes | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return self.start + len(self.seg)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.seg) + len(self.completion)
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.parent.node_id if self.parent is not None else None
+
+    def prompt_key(self) -> bytes:
+        """Identity of (parent, prompt): equal keys mean the same call was sent again (a retry)."""
+        if self._prompt_key is None:
+            digest = hashlib.blake2b(self.seg.tobytes(), digest_size=16)
+            digest.update((self.parent_id or "").encode())
+            self._prompt_key = digest.digest()
+        return self._prompt_key
+
+    def prompt_ids(self) -> array:
+        """The whole prompt, rebuilt from the path (used by export; O(prompt length))."""
+        out = array("i")
+        for node in self.path()[:-1]:
+            out.extend(node.seg)
+            out.extend(node.completion)
+        out.extend(self.seg)
+        return out
+
+    def path(self) -> list[Node]:
+        """Root -> this node."""
+        path: list[Node] = []
+        node: Node | None = self
+        while node is not None:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
+
+
+class RolloutGraph:
+    """All completed calls of one session. Not thread-safe: the session serialises writers."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.roots: list[Node] = []
+        # node_id -> the node's whole end sequence (prompt + completion), for the newest leaves.
+        self._hot: dict[str, array] = {}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes.values())
+
+    # --- ingestion ------------------------------------------------------------------------
+    def find_parent(self, prompt: array) -> Node | None:
+        """The node whose prompt+completion is the longest exact prefix of `prompt`."""
+        n = len(prompt)
+        best: Node | None = None
+        for node_id, whole in self._hot.items():
+            node = self.nodes[node_id]
+            end = len(whole)
+            if (
+                node.prompt_len < n
+                and end <= n
+                and (best is None or end > best.end)
+                and prompt[:end] == whole
+            ):
+                best = node
+        if best is not None:
+            # A hot node is a leaf when it becomes hot, but may have grown children since.
+            deeper = self._descend(prompt, best.children, best)
+            return deeper
+        return self._descend(prompt, self.roots, None)
+
+    def _descend(self, prompt: array, frontier: list[Node], best: Node | None) -> Node | None:
+        n = len(prompt)
+        stack = list(frontier)
+        while stack:
+            node = stack.pop()
+            start, cut, end = node.start, node.prompt_len, node.end
+            if cut >= n or end > n:
+                continue
+            if prompt[start:cut] != node.seg or prompt[cut:end] != node.completion:
+                continue
+            if best is None or end > best.end:
+                best = node
+            stack.extend(node.children)
+        return best
+
+    def add(
+        self,
+        node_id: str,
+        prompt_ids: list[int] | array,
+        completion_ids: list[int] | array,
+        logprobs: list[float] | array,
+        info: dict[str, Any] | None = None,
+    ) -> Node:
+        """Insert a completed call, finding its parent by exact prefix. Returns the new node."""
+        prompt = prompt_ids if isinstance(prompt_ids, array) else array("i", prompt_ids)
+        parent = self.find_parent(prompt)
+        start = parent.end if parent is not None else 0
+        node = Node(
+            node_id=node_id,
+            start=start,
+            seg=prompt[start:],
+            completion=array("i", completion_ids),
+            logprobs=logprobs if isinstance(logprobs, array) else array("d", logprobs),
+            info=info or {},
+        )
+        self._link(node, parent)
+        whole = prompt
+        whole.extend(node.completion)  # `prompt` is ours to mutate: it becomes the hot sequence
+        self._make_hot(node, whole)
+        return node
+
+    def restore(self, node: Node, parent_id: str | None) -> None:
+        """Re-insert a node read back from the session log; its parent was decided when it ran."""
+        parent = self.nodes.get(parent_id) if parent_id else None
+        if parent_id and parent is None:
+            raise ValueError(f"session log names parent {parent_id} before it was written")
+        if parent is not None and node.start != parent.end:
+            raise ValueError(f"session log node {node.node_id} does not start at its parent's end")
+        self._link(node, parent)
+
+    def rebuild_hot(self) -> None:
+        """After a restore, make the newest leaves hot again (O(hot x history), once)."""
+        self._hot.clear()
+        leaves = [node for node in self.nodes.values() if not node.children]
+        for node in leaves[-HOT_LEAVES:]:
+            whole = node.prompt_ids()
+            whole.extend(node.completion)
+            self._hot[node.node_id] = whole
+
+    def _link(self, node: Node, parent: Node | None) -> None:
+        node.parent = parent
+        node.index = len(self.nodes)
+        self.nodes[node.node_id] = node
+        if parent is None:
+            self.roots.append(node)
+        else:
+            parent.children.append(node)
+
+    def _make_hot(self, node: Node, whole: array) -> None:
+        if node.parent is not None:
+            self._hot.pop(node.parent.node_id, None)
+        self._hot[node.node_id] = whole
+        while len(self._hot) > HOT_LEAVES:
+            self._hot.pop(next(iter(self._hot)))
+
+    # --- structure ------------------------------------------------------------------------
+    def discarded(self) -> dict[str, str]:
+        """Retries nobody continued: node_id -> reason. Decided from shape alone.
+
+        Siblings with the same prompt are one call sent again. If one of them has children, the
+        agent continued that one and the others led nowhere; if none has, the agent went on with
+        (or ended on) the newest answer, so the older ones are dropped. Either way exactly the
+        branch that was continued is kept, and a dropped retry is counted, never silently lost.
+        """
+        groups: dict[bytes, list[Node]] = {}
+        for node in self.nodes.values():
+            groups.setdefault(node.prompt_key(), []).append(node)
+        dropped: dict[str, str] = {}
+        for group in groups.values():
+            if len(group) < 2:
+                continue
+            continued = [node for node in group if node.children]
+            keep = continued or [group[-1]]
+            for node in group:
+                if node not in keep and not node.children:
+                    dropped[node.node_id] = "retry_not_continued"
+        return dropped
+
+    def stats(self) -> dict[str, int]:
+        leaves = sum(1 for node in self.nodes.values() if not node.children)
+        forks = sum(1 for node in self.nodes.values() if len(node.children) > 1)
+        return {
+            "n_turns": len(self.nodes),
+            "n_roots": len(self.roots),
+            "n_leaves": leaves,
+            "n_forks": forks,
+            "n_discarded": len(self.discarded()),
+            "n_tokens_stored": sum(len(n.seg) + len(n.completion) for n in self.nodes.values()),
+        }

@@ -1,0 +1,212 @@
+"""What one engine call produced: prompt ids, sampled ids, logprobs and the assistant message.
+
+`CallRecorder` reads a non-streaming reply whole (`add_reply`) or a stream chunk by chunk
+(`add_chunk`), never mutating what it reads (the dialect's encoder gets the same chunk next). At
+the end `result()` returns a `Capture` or raises `EngineNoTokenIds`.
+
+Where each field comes from (vLLM 0.32 with --return-tokens-as-token-ids):
+
+    prompt ids       reply["prompt_token_ids"]            (streaming: first chunk only)
+    completion ids   choices[0]["token_ids"]              (streaming: the delta ids per chunk)
+    logprobs         choices[0]["logprobs"]["content"][i]["logprob"], token "token_id:N"
+
+The id and logprob channels are joined by position, and an off-by-one still trains (on the wrong
+tokens). So every entry's `token_id:N` is checked against the id at its position; on a
+disagreement the call's logprobs are dropped (its tokens become context, mask 0) and the reason is
+recorded, never guessed around. Non-finite logprobs are dropped the same way, position by position.
+
+What it refuses: to invent ids. A reply without prompt or completion ids is a failed call.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import EngineNoTokenIds
+
+__all__ = ["Capture", "CallRecorder"]
+
+_NAN = float("nan")
+
+
+@dataclass(slots=True)
+class Capture:
+    """The token record of one successful engine call."""
+
+    prompt_ids: array  # array('i')
+    completion_ids: array  # array('i')
+    logprobs: array  # array('d'), NaN where missing
+    missing_logprobs: dict[str, int]  # reason -> count of completion tokens without a logprob
+    message: dict[str, Any]  # the assistant message in chat form
+    finish_reason: str | None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+class CallRecorder:
+    """Accumulates one call. Streaming calls feed chunks; non-streaming calls feed one reply."""
+
+    __slots__ = (
+        "_content",
+        "_finish",
+        "_ids",
+        "_lp_missing",
+        "_lps",
+        "_prompt",
+        "_reasoning",
+        "_tool_calls",
+        "_usage",
+    )
+
+    def __init__(self) -> None:
+        self._prompt: Any = None
+        self._ids: list[int] = []
+        self._lps: list[float] = []
+        self._lp_missing: dict[str, int] = {}
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._tool_calls: dict[int, dict[str, Any]] = {}
+        self._finish: str | None = None
+        self._usage: dict[str, Any] = {}
+
+    # --- input ----------------------------------------------------------------------------
+    def add_reply(self, reply: dict[str, Any]) -> None:
+        self._prompt = reply.get("prompt_token_ids")
+        choice = _first_choice(reply)
+        self._take_tokens(choice)
+        message = choice.get("message")
+        if isinstance(message, dict):
+            if isinstance(message.get("content"), str):
+                self._content.append(message["content"])
+            reasoning = message.get("reasoning") or message.get("reasoning_content")
+            if isinstance(reasoning, str):
+                self._reasoning.append(reasoning)
+            calls = message.get("tool_calls")
+            if isinstance(calls, list):
+                for i, call in enumerate(calls):
+                    if isinstance(call, dict):
+                        self._tool_calls[i] = call
+        self._finish = choice.get("finish_reason") or self._finish
+        if isinstance(reply.get("usage"), dict):
+            self._usage = reply["usage"]
+
+    def add_chunk(self, chunk: dict[str, Any]) -> None:
+        if self._prompt is None and chunk.get("prompt_token_ids") is not None:
+            self._prompt = chunk["prompt_token_ids"]
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]
+        choices = chunk.get("choices")
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+            return
+        choice = choices[0]
+        self._take_tokens(choice)
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            if isinstance(delta.get("content"), str):
+                self._content.append(delta["content"])
+            reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+            if isinstance(reasoning, str):
+                self._reasoning.append(reasoning)
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for call in calls:
+                    if isinstance(call, dict):
+                        self._merge_tool_call(call)
+        if choice.get("finish_reason"):
+            self._finish = choice["finish_reason"]
+
+    def _take_tokens(self, choice: dict[str, Any]) -> None:
+        ids = choice.get("token_ids")
+        if not ids or not isinstance(ids, list):
+            return
+        entries = (choice.get("logprobs") or {}).get("content") if isinstance(
+            choice.get("logprobs"), dict
+        ) else None
+        self._ids.extend(ids)
+        if not isinstance(entries, list) or len(entries) != len(ids):
+            self._miss("engine_sent_no_logprobs", len(ids))
+            self._lps.extend([_NAN] * len(ids))
+            return
+        for token_id, entry in zip(ids, entries, strict=True):
+            logprob = entry.get("logprob") if isinstance(entry, dict) else None
+            token = entry.get("token") if isinstance(entry, dict) else None
+            if isinstance(token, str) and token.startswith("token_id:") and (
+                token[9:] != str(token_id)
+            ):
+                self._miss("logprob_pairing_mismatch", 1)
+                self._lps.append(_NAN)
+            elif (
+                isinstance(logprob, bool)
+                or not isinstance(logprob, int | float)
+                or not math.isfinite(logprob)
+                or logprob > 0
+            ):
+                self._miss("non_finite_logprob", 1)
+                self._lps.append(_NAN)
+            else:
+                self._lps.append(float(logprob))
+
+    def _miss(self, reason: str, count: int) -> None:
+        self._lp_missing[reason] = self._lp_missing.get(reason, 0) + count
+
+    def _merge_tool_call(self, piece: dict[str, Any]) -> None:
+        index = piece.get("index", len(self._tool_calls))
+        index = index if isinstance(index, int) else len(self._tool_calls)
+        call = self._tool_calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        if piece.get("id"):
+            call["id"] = piece["id"]
+        function = piece.get("function")
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str):
+                call["function"]["name"] += function["name"]
+            if isinstance(function.get("arguments"), str):
+                call["function"]["arguments"] += function["arguments"]
+
+    # --- output ---------------------------------------------------------------------------
+    @property
+    def n_completion(self) -> int:
+        return len(self._ids)
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content) or None}
+        if self._reasoning:
+            message["reasoning_content"] = "".join(self._reasoning)
+        if self._tool_calls:
+            message["tool_calls"] = [self._tool_calls[i] for i in sorted(self._tool_calls)]
+        return message
+
+    def result(self) -> Capture:
+        """The call's capture; raises EngineNoTokenIds if the engine sent no usable ids."""
+        if not isinstance(self._prompt, list) or not self._prompt:
+            raise EngineNoTokenIds("prompt_token_ids")
+        if not self._ids and self._usage.get("completion_tokens"):
+            # The engine sampled tokens but did not say which: return_token_ids was ignored.
+            # (Zero sampled tokens with usage agreeing is a legitimate, empty, completion.)
+            raise EngineNoTokenIds("choices[0].token_ids")
+        try:
+            prompt = array("i", self._prompt)
+            completion = array("i", self._ids)
+        except (TypeError, OverflowError) as exc:
+            raise EngineNoTokenIds(f"valid token ids ({exc})") from exc
+        if min(prompt) < 0 or (completion and min(completion) < 0):
+            raise EngineNoTokenIds("non-negative token ids")
+        return Capture(
+            prompt_ids=prompt,
+            completion_ids=completion,
+            logprobs=array("d", self._lps),
+            missing_logprobs=dict(self._lp_missing),
+            message=self.message(),
+            finish_reason=self._finish,
+            usage=self._usage,
+        )
+
+
+def _first_choice(reply: dict[str, Any]) -> dict[str, Any]:
+    choices = reply.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    return {}

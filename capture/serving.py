@@ -1,0 +1,106 @@
+"""Serve an ASGI app with uvicorn in a background thread, on a socket bound by the caller.
+
+Used by CaptureServer and by the fake engine. The socket is bound before the thread starts so the
+port (`0` = any free one) is known when `start()` returns and a bind error is raised in the caller's
+thread. uvloop and httptools are used when installed: they halve uvicorn's per-request CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+__all__ = ["ThreadedUvicorn", "fast_http", "fast_loop"]
+
+
+def fast_loop() -> str:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def fast_http() -> str:
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class ThreadedUvicorn:
+    """One uvicorn server on its own thread and event loop."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+
+    def start(self, timeout_s: float = 30.0) -> int:
+        """Bind, start serving, wait until uvicorn is up; returns the bound port."""
+        self._socket = bind(self.host, self.port)
+        self.port = self._socket.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            loop=fast_loop(),
+            http=fast_http(),
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_keep_alive=120,
+            backlog=2048,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name=f"uvicorn-{self.port}",
+                                        daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"server on port {self.port} exited during start-up")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"server on port {self.port} did not start in {timeout_s}s")
+            time.sleep(0.01)
+        return self.port
+
+    def _serve(self) -> None:
+        assert self._server is not None and self._socket is not None
+        serve = self._server.serve(sockets=[self._socket])
+        if fast_loop() == "uvloop":
+            import uvloop
+
+            asyncio.run(serve, loop_factory=uvloop.new_event_loop)
+        else:
+            asyncio.run(serve)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive() and self._server is not None:
+                self._server.force_exit = True
+                self._thread.join(timeout_s)
+        if self._socket is not None:
+            self._socket.close()
+        self._server = self._thread = self._socket = None
