@@ -151,7 +151,13 @@ class FakeEngine:
             raw += event.get("body", b"")
             if not event.get("more_body"):
                 break
-        body = loads(raw)
+        try:
+            body = loads(raw)
+            _check(body)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # vLLM answers a request it cannot parse with 400; so does the fake.
+            await _send_json(send, 400, {"error": {"message": f"fake engine: {exc}", "code": 400}})
+            return
         self.requests = [*self.requests[-49:], body]
         fault = self.fault
         if fault == "http500":
@@ -227,6 +233,27 @@ class FakeEngine:
             if self.token_delay_s and n:
                 await asyncio.sleep(self.token_delay_s)
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+def _check(body: Any) -> None:
+    """The little validation vLLM's pydantic request model would do, for what the fake reads."""
+    if not isinstance(body, dict):
+        raise TypeError("body must be an object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError("each message must be an object with a string role")
+        calls = message.get("tool_calls")
+        if calls is not None and (not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function", {}), dict) for c in calls)):
+            raise ValueError("tool_calls must be a list of objects")
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools)):
+        raise ValueError("tools must be a list of function tools")
+    json.dumps(tools)
 
 
 async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:

@@ -1,0 +1,156 @@
+"""Rollout graph, aux tagging and sampling policy, as pure units (no HTTP, no engine).
+
+Run: .venv/bin/python -m pytest tests/test_capture_graph.py -q
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from capture.aux import aux_hint, classify
+from capture.graph import HOT_LEAVES, RolloutGraph
+from capture.sampling import SamplingPolicy
+
+
+def _add(graph: RolloutGraph, node_id: str, prompt: list[int], completion: list[int]):
+    return graph.add(node_id, prompt, completion, [-0.5] * len(completion))
+
+
+def test_a_call_whose_prompt_extends_an_earlier_prompt_plus_completion_is_its_child():
+    graph = RolloutGraph()
+    _add(graph, "a", [1, 2, 3], [4, 5])
+    # prompt = a.prompt + a.completion + [6, 7] (a tool result)
+    b = _add(graph, "b", [1, 2, 3, 4, 5, 6, 7], [8])
+    assert b.parent_id == "a"
+    assert list(b.seg) == [6, 7]  # only the new tokens are stored
+
+
+def test_the_longest_matching_ancestor_is_the_parent_not_an_earlier_one():
+    graph = RolloutGraph()
+    _add(graph, "a", [1, 2], [3])
+    _add(graph, "b", [1, 2, 3, 4], [5])
+    c = _add(graph, "c", [1, 2, 3, 4, 5, 6], [7])
+    assert c.parent_id == "b"
+
+
+def test_a_rewritten_history_starts_a_new_root():
+    graph = RolloutGraph()
+    _add(graph, "a", [1, 2, 3], [4, 5])
+    # the agent compacted its history: the prompt no longer starts with a's tokens
+    b = _add(graph, "b", [1, 9, 3, 4, 5, 6], [7])
+    assert b.parent_id is None
+    assert [n.node_id for n in graph.roots] == ["a", "b"]
+
+
+def test_a_prompt_that_diverges_inside_the_parent_completion_is_not_its_child():
+    graph = RolloutGraph()
+    _add(graph, "a", [1, 2, 3], [4, 5])
+    # 1,2,3 then 4 then 6: the agent edited the reply it got
+    b = _add(graph, "b", [1, 2, 3, 4, 6, 7], [8])
+    assert b.parent_id is None
+
+
+def test_a_retry_that_was_continued_is_kept_and_its_sibling_discarded():
+    graph = RolloutGraph()
+    _add(graph, "a", [1, 2], [3])
+    _add(graph, "r1", [1, 2, 3, 4], [5])  # first attempt
+    _add(graph, "r2", [1, 2, 3, 4], [6])  # same prompt again: a retry
+    _add(graph, "c", [1, 2, 3, 4, 5, 7], [8])  # the agent continued r1
+    assert graph.discarded() == {"r2": "retry_not_continued"}
+
+
+def test_when_no_retry_was_continued_only_the_newest_is_kept():
+    graph = RolloutGraph()
+    _add(graph, "a", [1, 2], [3])
+    _add(graph, "b", [1, 2], [4])
+    assert graph.discarded() == {"a": "retry_not_continued"}
+
+
+def test_parent_lookup_works_when_the_parent_is_no_longer_a_hot_leaf():
+    graph = RolloutGraph()
+    _add(graph, "main", [1, 2], [3])
+    # more side conversations than there are hot slots push "main" out of the hot set
+    for i in range(HOT_LEAVES + 2):
+        _add(graph, f"side{i}", [100 + i, 7], [8])
+    child = _add(graph, "next", [1, 2, 3, 4], [5])
+    assert child.parent_id == "main"
+
+
+def test_each_node_stores_only_new_tokens_so_storage_grows_with_the_conversation():
+    graph = RolloutGraph()
+    prompt = list(range(1, 4001))  # a 4k-token system prompt
+    for turn in range(150):
+        completion = [10_000 + turn]
+        node = _add(graph, f"t{turn}", prompt, completion)
+        prompt = prompt + completion + [20_000 + turn]  # tool result
+    # 150 turns of a growing prompt: stored ids = first prompt + 2 ids per turn, not 150 prompts
+    assert graph.stats()["n_tokens_stored"] == 4000 + 150 + 149
+    assert node.parent_id == "t148"
+    assert node.prompt_ids().tolist() == prompt[: node.prompt_len]
+
+
+def test_prompt_ids_are_rebuilt_exactly_from_the_path():
+    graph = RolloutGraph()
+    _add(graph, "a", [5, 6], [7])
+    b = _add(graph, "b", [5, 6, 7, 8, 9], [10, 11])
+    c = _add(graph, "c", [5, 6, 7, 8, 9, 10, 11, 12], [13])
+    assert c.prompt_ids() == array("i", [5, 6, 7, 8, 9, 10, 11, 12])
+    assert [n.node_id for n in c.path()] == ["a", "b", "c"] and b.children == [c]
+
+
+def test_a_toolless_call_in_a_tool_using_session_is_aux():
+    infos = [{"n_tools": 10, "hint": ""}, {"n_tools": 0, "hint": "you are helpful"}]
+    assert classify(infos) == [None, "no_tools_in_tool_session"]
+
+
+def test_a_title_generator_is_tagged_by_its_prompt():
+    hint = aux_hint([{"role": "system", "content": "You are a title generator."},
+                     {"role": "user", "content": "fix the bug"}])
+    assert classify([{"n_tools": 0, "hint": hint}, {"n_tools": 3, "hint": ""}]) == [
+        "title_generator", None]
+
+
+def test_a_one_token_call_is_a_count_probe_even_with_tools():
+    assert classify([{"n_tools": 24, "max_tokens_requested": 1, "hint": "quota"}]) == [
+        "count_probe"]
+
+
+def test_a_session_that_never_sends_tools_has_no_structural_aux():
+    assert classify([{"n_tools": 0, "hint": "solve it"}] * 3) == [None, None, None]
+
+
+def test_a_summariser_is_tagged_as_such():
+    hint = aux_hint([{"role": "user", "content": "Summarize the conversation so far"}])
+    assert classify([{"n_tools": 0, "hint": hint}, {"n_tools": 1, "hint": ""}])[0] == "summarizer"
+
+
+def test_the_sampling_policy_overrides_the_agent_and_records_what_it_changed():
+    policy = SamplingPolicy.from_dict({"temperature": 0.8, "top_k": 0, "max_tokens": 100})
+    chat = {"temperature": 0.2, "top_p": 0.9, "max_tokens": 4000, "messages": []}
+    enforced = policy.enforce(chat)
+    assert (chat["temperature"], chat["top_p"], chat["top_k"], chat["max_tokens"]) == (
+        0.8, 1.0, -1, 100)
+    assert enforced["overridden"] == {"temperature": 0.2, "top_p": 0.9}
+    assert enforced["max_tokens"] == {"requested": 4000, "sent": 100}
+
+
+def test_a_smaller_agent_max_tokens_is_kept_under_the_cap():
+    policy = SamplingPolicy.from_dict({"temperature": 1.0, "max_tokens": 100})
+    chat = {"max_completion_tokens": 7}
+    assert policy.enforce(chat)["max_tokens"] == {"requested": 7, "sent": 7}
+    assert chat["max_tokens"] == 7 and "max_completion_tokens" not in chat
+
+
+def test_no_policy_means_the_neutral_training_policy():
+    chat = {"top_p": 0.95, "presence_penalty": 1.0}
+    SamplingPolicy.from_dict(None).enforce(chat)
+    assert chat["top_p"] == 1.0 and chat["presence_penalty"] == 0.0 and chat["temperature"] == 1.0
+
+
+@pytest.mark.parametrize("bad", [{"temperature": "hot"}, {"top_p": 2}, {"nucleus": 1},
+                                 {"max_tokens": 0}, {"temperature": float("nan")}, [1]])
+def test_an_invalid_sampling_policy_is_refused_with_the_field_named(bad):
+    with pytest.raises(ValueError):
+        SamplingPolicy.from_dict(bad)
