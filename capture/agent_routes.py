@@ -21,6 +21,7 @@ after it, the dialect's mid-stream error event. Either way the call is recorded 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -174,7 +175,12 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
             _finish_failed(state, session, call_id, exc, info, started)
             return _error(dialect, exc)
         _finish_ok(state, session, call_id, recorder, capture, info, started)
-        return JSONResponse(dialect.from_chat(reply, body))
+        try:
+            return JSONResponse(dialect.from_chat(reply, body))
+        except Exception as exc:  # a dialect bug must still answer in the agent's shape
+            logger.exception("dialect %s failed on an engine reply", dialect.name)
+            state.dialect_crashes += 1
+            return _error(dialect, CaptureError(f"could not translate the engine reply: {exc}"))
     try:
         upstream = await state.engine.open_stream(chat)
     except UpstreamError as exc:
@@ -212,6 +218,12 @@ class _Relay:
         except UpstreamError as exc:
             self._fail(exc)
             yield self.encoder.fail(exc.message)
+        except Exception as exc:  # an encoder bug: end the agent's stream cleanly, say so
+            logger.exception("streaming relay failed in session %s", self.session.session_id)
+            self.state.dialect_crashes += 1
+            self._fail(exc)
+            with contextlib.suppress(Exception):
+                yield self.encoder.fail(f"capture proxy error: {type(exc).__name__}: {exc}")
 
     def _fail(self, exc: Exception) -> None:
         if not self.recorded:
