@@ -36,6 +36,7 @@ __all__ = [
     "DialectError",
     "StreamEncoder",
     "dumps",
+    "order_tool_results",
     "reasoning_text",
     "sse_data",
     "sse_event",
@@ -242,3 +243,32 @@ def tool_calls_of(message: dict) -> list[dict]:
     """The engine message's tool calls, as a list of well-formed dicts."""
     calls = message.get("tool_calls") or []
     return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def order_tool_results(messages: list[dict]) -> list[dict]:
+    """Put each run of `tool` messages in the order of the calls they answer.
+
+    Chat templates of the hermes family render tool results as bare `<tool_response>` blocks
+    with no call id, so the model can only pair results with calls by position. Claude Code
+    2.1 was measured sending two results in reverse call order; left as sent, the model would
+    read "there" as the output of `echo hi`. Results whose id matches no call keep their place
+    after the matched ones.
+    """
+    out: list[dict] = []
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        out.append(message)
+        i += 1
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if not calls:
+            continue
+        run_end = i
+        while run_end < len(messages) and messages[run_end].get("role") == "tool":
+            run_end += 1
+        if run_end - i > 1:
+            rank = {c.get("id"): k for k, c in enumerate(calls) if isinstance(c, dict)}
+            run = messages[i:run_end]
+            out.extend(sorted(run, key=lambda m: rank.get(m.get("tool_call_id"), len(rank))))
+            i = run_end
+    return out

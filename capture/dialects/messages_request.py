@@ -37,6 +37,7 @@ from .base import (
     DialectError,
     arguments_json,
     copy_sampling,
+    order_tool_results,
     require,
     require_body,
 )
@@ -258,7 +259,7 @@ def messages_to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
         if system:
             messages.append({"role": "system", "content": system})
     messages.extend(_messages(body.get("messages")))
-    out: dict[str, Any] = {"messages": messages}
+    out: dict[str, Any] = {"messages": order_tool_results(messages)}
     if isinstance(body.get("model"), str):
         out["model"] = body["model"]
     max_tokens = body.get("max_tokens")

@@ -39,6 +39,7 @@ from .base import (
     arguments_json,
     copy_sampling,
     optional_int,
+    order_tool_results,
     require,
     require_body,
 )
@@ -349,7 +350,7 @@ def responses_to_chat(body: dict) -> dict:
     if not messages:
         raise DialectError("input must not be empty")
 
-    out: dict[str, Any] = {"messages": messages}
+    out: dict[str, Any] = {"messages": order_tool_results(messages)}
     if isinstance(body.get("model"), str):
         out["model"] = body["model"]
     copy_sampling(body, out, ("temperature", "top_p"))

@@ -236,6 +236,7 @@ class ResponsesStreamEncoder(StreamEncoder):
         reasoning = reasoning_text(delta)
         if reasoning:
             if self._open != "reasoning":
+                out += self._close_item()  # first, so the new item's index is final
                 out += self._open_item("reasoning", {
                     "type": "reasoning", "id": f"rs_{self._suffix}_{len(self._output)}",
                     "summary": [], "status": "in_progress"})
@@ -246,6 +247,7 @@ class ResponsesStreamEncoder(StreamEncoder):
         content = delta.get("content")
         if isinstance(content, str) and content:
             if self._open != "message":
+                out += self._close_item()
                 item = message_item(f"msg_{self._suffix}_{len(self._output)}", "", "in_progress")
                 item["content"] = []
                 out += self._open_item("message", item)
