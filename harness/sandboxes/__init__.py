@@ -1,0 +1,73 @@
+"""Sandboxes: where an agent runs. A local bubblewrap one, and Harbor's remote backends.
+
+    BwrapEnvironment  Harbor `BaseEnvironment` on bubblewrap (bwrap.py); import path
+                      "harness.sandboxes.bwrap:BwrapEnvironment". Imports Harbor when first used.
+    BwrapSandbox      the same sandbox without Harbor types (local.py)
+    SandboxSpec, SandboxLimits, sandbox_url, url_forward, resolved_tool_binds, venv_binds
+    SANDBOX_BACKENDS, environment_config, ProxyExposure, expose_proxy   (expose.py)
+
+The local sandbox's guarantees and gaps are listed in bwrap.py ("What is covered" / "What is not
+covered"); the supervisor protocol is in supervisor.py.
+"""
+
+from typing import Any
+
+from harness.sandboxes.errors import (
+    ExposeError,
+    SandboxClosedError,
+    SandboxDefinitionError,
+    SandboxError,
+    SandboxExecError,
+    SandboxExecTimeoutError,
+    SandboxPathError,
+    SandboxStartError,
+    SandboxUnavailableError,
+)
+from harness.sandboxes.expose import (
+    SANDBOX_BACKENDS,
+    ProxyExposure,
+    Tunnel,
+    environment_config,
+    expose_proxy,
+)
+from harness.sandboxes.limits import SandboxLimits, process_cap_mode
+from harness.sandboxes.local import BASE_ENV, BwrapSandbox, SandboxSpec, check_bwrap_available
+from harness.sandboxes.mounts import resolved_tool_binds, venv_binds
+from harness.sandboxes.ports import sandbox_url, url_forward
+
+__all__ = [
+    "BASE_ENV",
+    "SANDBOX_BACKENDS",
+    "BwrapEnvironment",
+    "BwrapSandbox",
+    "ExposeError",
+    "ProxyExposure",
+    "SandboxClosedError",
+    "SandboxDefinitionError",
+    "SandboxError",
+    "SandboxExecError",
+    "SandboxExecTimeoutError",
+    "SandboxLimits",
+    "SandboxPathError",
+    "SandboxSpec",
+    "SandboxStartError",
+    "SandboxUnavailableError",
+    "Tunnel",
+    "check_bwrap_available",
+    "environment_config",
+    "expose_proxy",
+    "process_cap_mode",
+    "resolved_tool_binds",
+    "sandbox_url",
+    "url_forward",
+    "venv_binds",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # BwrapEnvironment subclasses Harbor's BaseEnvironment: import Harbor only when asked for it.
+    if name == "BwrapEnvironment":
+        from harness.sandboxes.bwrap import BwrapEnvironment
+
+        return BwrapEnvironment
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,293 @@
+# Run: .venv/bin/python -m pytest tests/test_sandbox_escape.py -x -q
+"""Each test adversarially checks one property of the local bubblewrap sandbox (real bwrap).
+
+The agent's view is a command run inside the sandbox; the property is checked from the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.server
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.sandboxes import (
+    BwrapSandbox,
+    SandboxExecTimeoutError,
+    SandboxLimits,
+    SandboxSpec,
+    process_cap_mode,
+    sandbox_url,
+    url_forward,
+)
+from harness.tasks import BUNDLED_DIR
+from launchers.paths import REPO_ROOT
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[BwrapSandbox]:
+    box = BwrapSandbox(SandboxSpec(), name="escape")
+    await box.start()
+    try:
+        yield box
+    finally:
+        await box.stop()
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    """A real HTTP server on a host loopback port, standing in for the capture proxy."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = b"proxy says hi"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _host_pids_with(marker: str) -> list[int]:
+    """Host pids whose command line contains `marker` (zombies have none, so they don't count)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+async def _sh(box: BwrapSandbox, command: str, **kwargs) -> tuple[int, str, str]:
+    result = await box.shell(command, **kwargs)
+    return result.return_code, result.stdout.decode(), result.stderr.decode()
+
+
+async def test_task_tests_are_not_visible_inside_before_the_verifier_uploads_them() -> None:
+    task_dir = BUNDLED_DIR / "fix-python-function"
+    box = BwrapSandbox(SandboxSpec(seed={"/app": task_dir / "environment"}), name="notests")
+    await box.start()
+    try:
+        found = await _sh(
+            box,
+            f"ls /tests 2>&1; ls {task_dir} 2>&1; "
+            "find / -xdev -name 'test_stats.py' -not -path '/proc/*' 2>/dev/null; true",
+        )
+    finally:
+        await box.stop()
+    # The seeded environment files are there, the tests are nowhere.
+    assert "test_stats.py" not in found[1]
+    assert "No such file or directory" in found[1]
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/usr/harness-escape", "/etc/harness-escape", "/usr/bin/harness-escape"],
+)
+async def test_host_system_dirs_are_read_only_inside(sandbox: BwrapSandbox, target: str) -> None:
+    rc, _, err = await _sh(sandbox, f"echo pwned > {target}")
+    assert rc != 0 and "Read-only file system" in err
+    assert not Path(target).exists()
+
+
+@pytest.mark.parametrize("host_dir", [REPO_ROOT, Path.home(), Path("/tmp")])
+async def test_writes_to_host_paths_never_reach_the_host(
+    sandbox: BwrapSandbox, host_dir: Path
+) -> None:
+    # Inside, these paths are either absent or part of the private root: a write lands there.
+    marker = host_dir / f"harness-escape-{os.getpid()}"
+    await _sh(sandbox, f"mkdir -p {host_dir} && echo pwned > {marker}")
+    assert not marker.exists()
+
+
+async def test_read_only_binds_cannot_be_written(tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "agent").write_text("original")
+    box = BwrapSandbox(SandboxSpec(ro_binds={str(tools): "/opt/tools"}), name="robind")
+    await box.start()
+    try:
+        rc, _, err = await _sh(box, "echo pwned > /opt/tools/agent; rm -f /opt/tools/agent")
+    finally:
+        await box.stop()
+    assert rc != 0 and "Read-only file system" in err
+    assert (tools / "agent").read_text() == "original"
+
+
+async def test_root_only_files_of_host_etc_are_masked(sandbox: BwrapSandbox) -> None:
+    if not Path("/etc/shadow").exists():
+        pytest.skip("this host has no /etc/shadow to mask")
+    # Masked by a read-only bind of /dev/null (bwrap binds nodev, so opening it even fails).
+    _, out, _ = await _sh(sandbox, "cat /etc/shadow /etc/gshadow 2>&1")
+    assert "root:" not in out
+
+
+async def test_host_environment_secrets_are_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HARNESS_FAKE_SECRET", "s3cr3t-value-123")
+    box = BwrapSandbox(SandboxSpec(), name="secrets")
+    await box.start()
+    try:
+        _, out, _ = await _sh(box, "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'")
+    finally:
+        await box.stop()
+    assert "s3cr3t-value-123" not in out
+    assert "HARNESS_FAKE_SECRET" not in out
+
+
+async def test_commands_run_without_capabilities_and_with_no_new_privs(
+    sandbox: BwrapSandbox,
+) -> None:
+    _, out, _ = await _sh(sandbox, "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status")
+    fields = dict(line.split(":\t") for line in out.strip().splitlines())
+    assert fields["CapEff"] == fields["CapPrm"] == fields["CapBnd"] == "0000000000000000"
+    assert fields["NoNewPrivs"] == "1"
+
+
+@pytest.mark.parametrize("address", ["1.1.1.1:53", "10.0.0.1:80", "8.8.8.8:443"])
+async def test_non_loopback_addresses_are_unreachable(sandbox: BwrapSandbox, address: str) -> None:
+    host, port = address.split(":")
+    script = (
+        "import socket; s = socket.socket(); s.settimeout(3)\n"
+        f"try:\n s.connect(('{host}', {port})); print('CONNECTED')\n"
+        "except OSError as e: print('refused', e)"
+    )
+    _, out, _ = await _sh(sandbox, f'python3 -c "{script}"')
+    assert "CONNECTED" not in out and "refused" in out
+
+
+async def test_host_loopback_ports_other_than_the_forwarded_one_are_unreachable(
+    http_server: str,
+) -> None:
+    # Forward some other port; the real server on the host's loopback must stay out of reach.
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    forward = {other.getsockname()[1]: ("127.0.0.1", other.getsockname()[1])}
+    other.close()
+    box = BwrapSandbox(SandboxSpec(forward=forward), name="ports")
+    await box.start()
+    try:
+        port = http_server.rsplit(":", 1)[1]
+        script = (
+            "import socket; s = socket.socket(); s.settimeout(3)\n"
+            f"try:\n s.connect(('127.0.0.1', {port})); print('CONNECTED')\n"
+            "except OSError as e: print('refused', e)"
+        )
+        _, out, _ = await _sh(box, f'python3 -c "{script}"')
+    finally:
+        await box.stop()
+    assert "CONNECTED" not in out and "refused" in out
+
+
+async def test_the_forwarded_proxy_port_is_reachable_on_sandbox_loopback(http_server: str) -> None:
+    # The positive control for the two tests above: the proxy's own port does work.
+    box = BwrapSandbox(SandboxSpec(forward=url_forward(http_server)), name="proxy")
+    await box.start()
+    try:
+        url = sandbox_url(http_server + "/s/abc/v1/models")
+        _, out, err = await _sh(
+            box, f"python3 -c \"import urllib.request as u; print(u.urlopen('{url}').read())\""
+        )
+    finally:
+        await box.stop()
+    assert "proxy says hi" in out, err
+
+
+async def test_stop_kills_every_process_the_sandbox_started() -> None:
+    box = BwrapSandbox(SandboxSpec(), name="reaper")
+    await box.start()
+    # A detached background sleeper, in its own session, that outlives the command.
+    await _sh(box, "setsid nohup sleep 4321.5 >/dev/null 2>&1 & sleep 6543.5 & echo started")
+    assert len(_host_pids_with("sleep 4321.5")) == 1
+    assert len(_host_pids_with("sleep 6543.5")) == 1
+    private_dir = box.dir
+    await box.stop()
+    assert _host_pids_with("sleep 4321.5") == []
+    assert _host_pids_with("sleep 6543.5") == []
+    assert private_dir is not None and not private_dir.exists()
+
+
+async def test_exec_timeout_kills_the_command_and_its_children(sandbox: BwrapSandbox) -> None:
+    with pytest.raises(SandboxExecTimeoutError) as info:
+        await sandbox.shell("sleep 777.25 & sleep 778.5; echo never", timeout_s=1)
+    assert info.value.timeout_s == 1
+    await asyncio.sleep(0.2)
+    assert _host_pids_with("sleep 777.25") == [] and _host_pids_with("sleep 778.5") == []
+    # The sandbox itself survives a timed-out command.
+    assert (await _sh(sandbox, "echo alive"))[1] == "alive\n"
+
+
+async def test_a_cancelled_exec_kills_its_command(sandbox: BwrapSandbox) -> None:
+    task = asyncio.create_task(sandbox.shell("sleep 888.75"))
+    await asyncio.sleep(0.5)
+    assert _host_pids_with("sleep 888.75")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.3)
+    assert _host_pids_with("sleep 888.75") == []
+
+
+async def test_file_size_limit_stops_a_runaway_write() -> None:
+    box = BwrapSandbox(SandboxSpec(limits=SandboxLimits(max_file_size_mb=1)), name="fsize")
+    await box.start()
+    try:
+        rc, _, _ = await _sh(box, "head -c 3000000 /dev/zero > /app/big")
+        _, size, _ = await _sh(box, "stat -c %s /app/big")
+    finally:
+        await box.stop()
+    assert rc != 0
+    assert int(size) <= 1024 * 1024
+
+
+async def test_process_limit_caps_a_fork_bomb() -> None:
+    mode, reason = process_cap_mode()
+    if mode == "rlimit-only" and os.geteuid() == 0:
+        pytest.skip(f"no process cap can bind root here: {reason}")
+    box = BwrapSandbox(SandboxSpec(limits=SandboxLimits(max_processes=40)), name="forkbomb")
+    await box.start()
+    try:
+        await _sh(box, "for i in $(seq 100); do sleep 999.125 & done 2>/dev/null; true")
+        running = len(_host_pids_with("sleep 999.125"))
+    finally:
+        await box.stop()
+    # 40 processes in all, the supervisor and the shell among them.
+    assert 0 < running < 40
+
+
+async def test_an_agent_symlink_cannot_redirect_an_upload_to_the_host(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    payload = tmp_path / "tests"
+    payload.mkdir()
+    (payload / "test.sh").write_text("echo graded\n")
+    box = BwrapSandbox(SandboxSpec(), name="symlink")
+    await box.start()
+    try:
+        await _sh(box, f"mkdir -p {victim} && ln -s {victim} /tests")
+        with contextlib.suppress(Exception):  # failing is fine; writing to the host is not
+            await box.put_dir(payload, "/tests")
+    finally:
+        await box.stop()
+    assert list(victim.iterdir()) == []
