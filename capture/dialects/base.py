@@ -35,11 +35,21 @@ __all__ = [
     "Dialect",
     "DialectError",
     "StreamEncoder",
+    "arguments_json",
+    "cached_tokens",
+    "copy_sampling",
     "dumps",
+    "first_choice",
+    "optional_int",
     "order_tool_results",
+    "parse_arguments",
     "reasoning_text",
+    "require",
+    "require_body",
     "sse_data",
     "sse_event",
+    "tool_calls_of",
+    "type_name",
 ]
 
 
@@ -195,12 +205,6 @@ def copy_sampling(body: dict, out: dict, keys: tuple[str, ...]) -> None:
             continue
         require(value, (int, float), key)
         out[key] = value
-
-
-def usage_of(chat: dict) -> tuple[int, int]:
-    """(prompt_tokens, completion_tokens) of an engine reply; 0 where missing."""
-    usage = chat.get("usage") or {}
-    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
 def cached_tokens(usage: dict | None) -> int:

@@ -44,7 +44,8 @@ from .base import (
     require_body,
 )
 
-__all__ = ["ToolRoute", "decode_reasoning", "encode_reasoning", "responses_to_chat", "tool_routes"]
+__all__ = ["ToolRoute", "decode_reasoning", "encode_reasoning", "responses_to_chat", "tool_routes",
+           "translate_tools"]
 
 # Hosted tool types: dropped (see module docstring).
 _HOSTED_TOOLS = frozenset(
@@ -54,7 +55,7 @@ _HOSTED_TOOLS = frozenset(
 )
 _REASONING_MARK = "hxr1:"
 
-LOCAL_SHELL_PARAMETERS = {
+_LOCAL_SHELL_PARAMETERS = {
     "type": "object",
     "properties": {
         "command": {"type": "array", "items": {"type": "string"},
@@ -133,7 +134,7 @@ def translate_tools(tools: Any) -> tuple[list[dict], dict[str, ToolRoute]]:
         elif route.kind == "local_shell":
             chat_tools.append(_function(chat_name, tool.get("description")
                                         or "Run a command on the local machine.",
-                                        LOCAL_SHELL_PARAMETERS))
+                                        _LOCAL_SHELL_PARAMETERS))
         else:
             chat_tools.append(_function(chat_name, tool.get("description"),
                                         tool.get("parameters"), tool.get("strict")))
