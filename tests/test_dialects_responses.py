@@ -285,7 +285,9 @@ def test_stream_completed_event_matches_the_non_streaming_reply():
                          tool_calls=[("exec_command", {"cmd": "ls"}), ("apply_patch",
                                                                       {"input": "p"})])
     completed = stream(reply, req)[-1][1]["response"]
-    assert completed == responses.from_chat(reply, req)
+    expected = responses.from_chat(reply, req)
+    # streams leave out the echo of the (large) instructions and tools
+    assert completed == {**expected, "instructions": None, "tools": []}
 
 
 def test_stream_items_are_indexed_in_order_and_deltas_add_up():

@@ -31,15 +31,23 @@ import json
 from abc import ABC, abstractmethod
 from typing import Any
 
+try:  # optional: the stdlib encoder is the always-present fallback
+    import orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    orjson = None
+
 __all__ = [
     "Dialect",
     "DialectError",
     "StreamEncoder",
     "arguments_json",
-    "cached_tokens",
+    "as_dict",
+    "as_int",
     "copy_sampling",
     "dumps",
+    "dumps_bytes",
     "first_choice",
+    "first_delta",
     "optional_int",
     "order_tool_results",
     "parse_arguments",
@@ -50,6 +58,7 @@ __all__ = [
     "sse_event",
     "tool_calls_of",
     "type_name",
+    "usage_counts",
 ]
 
 
@@ -117,20 +126,39 @@ class Dialect(ABC):
 # --- shared helpers ---------------------------------------------------------------------------
 
 
+# One encoder for the process: `json.dumps` with non-default options builds a new encoder on
+# every call, a measurable share of the per-chunk cost on the streaming hot path.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def dumps(obj: Any) -> str:
     """Compact JSON as providers send it (non-ASCII kept, no spaces)."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(obj)
+
+
+def dumps_bytes(obj: Any) -> bytes:
+    """`dumps` as UTF-8 bytes; orjson when present (~10x faster on small event dicts).
+
+    Falls back to the stdlib for what orjson refuses (a lone surrogate or an integer beyond
+    64 bits echoed from a hostile request); "replace" keeps such a stream alive.
+    """
+    if orjson is not None:
+        try:
+            return orjson.dumps(obj)
+        except TypeError:
+            pass
+    return _ENCODER.encode(obj).encode("utf-8", "replace")
 
 
 def sse_event(event: str, data: dict) -> bytes:
     """A named SSE event (Anthropic Messages, OpenAI Responses)."""
-    return f"event: {event}\ndata: {dumps(data)}\n\n".encode()
+    return b"event: " + event.encode() + b"\ndata: " + dumps_bytes(data) + b"\n\n"
 
 
 def sse_data(data: dict | str) -> bytes:
     """A bare `data:` SSE line (Chat Completions)."""
-    text = data if isinstance(data, str) else dumps(data)
-    return f"data: {text}\n\n".encode()
+    payload = data.encode() if isinstance(data, str) else dumps_bytes(data)
+    return b"data: " + payload + b"\n\n"
 
 
 def reasoning_text(message: dict) -> str | None:
@@ -207,10 +235,24 @@ def copy_sampling(body: dict, out: dict, keys: tuple[str, ...]) -> None:
         out[key] = value
 
 
-def cached_tokens(usage: dict | None) -> int:
-    """Prompt tokens served from the engine's prefix cache, when it reports them."""
-    details = (usage or {}).get("prompt_tokens_details") or {}
-    return int(details.get("cached_tokens") or 0)
+def as_dict(value: Any) -> dict:
+    """`value` if it is an object, else {} (engine data is read defensively)."""
+    return value if isinstance(value, dict) else {}
+
+
+def as_int(value: Any) -> int:
+    """`value` as a count if it is a finite number, else 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return 0
+    return int(value) if abs(value) < 2**63 else 0
+
+
+def usage_counts(usage: Any) -> tuple[int, int, int]:
+    """(prompt, completion, cached prompt) tokens of an engine usage object; 0 where missing."""
+    usage = as_dict(usage)
+    cached = as_dict(usage.get("prompt_tokens_details")).get("cached_tokens")
+    return as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens")), \
+        as_int(cached)
 
 
 def parse_arguments(arguments: Any) -> Any:
@@ -241,6 +283,14 @@ def first_choice(chat: dict) -> dict:
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         return choices[0]
     return {}
+
+
+def first_delta(chunk: dict) -> tuple[dict, dict] | None:
+    """(choice, delta) of a stream chunk, or None for a chunk without a choice."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    return choices[0], as_dict(choices[0].get("delta"))
 
 
 def tool_calls_of(message: dict) -> list[dict]:

@@ -36,7 +36,6 @@ from .base import (
     DialectError,
     StreamEncoder,
     arguments_json,
-    dumps,
     require,
     require_body,
     sse_data,
@@ -213,7 +212,7 @@ class ChatStreamEncoder(StreamEncoder):
         out = {k: v for k, v in chunk.items() if k not in _ENGINE_ONLY}
         if self._model is not None:
             out["model"] = self._model
-        if choices:
+        if isinstance(choices, list) and choices:
             out["choices"] = [_clean_choice(c, self._logprobs) for c in choices]
         if not self._usage:
             out.pop("usage", None)
@@ -226,5 +225,4 @@ class ChatStreamEncoder(StreamEncoder):
         if self._failed:
             return b""
         self._failed = True
-        body = openai_error(500, message)
-        return f"data: {dumps(body)}\n\n".encode()
+        return sse_data(openai_error(500, message))

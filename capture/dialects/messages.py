@@ -28,12 +28,13 @@ from typing import Any
 
 from .base import (
     Dialect,
-    cached_tokens,
+    as_dict,
     dumps,
     first_choice,
     parse_arguments,
     reasoning_text,
     tool_calls_of,
+    usage_counts,
 )
 from .messages_items import ERROR_TYPES, message_id, signature, stop_fields
 from .messages_request import messages_to_chat
@@ -52,7 +53,7 @@ class MessagesDialect(Dialect):
 
     def from_chat(self, chat: dict, request: dict) -> dict:
         choice = first_choice(chat)
-        message = choice.get("message") or {}
+        message = as_dict(choice.get("message"))
         content: list[dict[str, Any]] = []
         thinking = reasoning_text(message)
         if thinking:
@@ -62,7 +63,7 @@ class MessagesDialect(Dialect):
         if isinstance(text, str) and text:
             content.append({"type": "text", "text": text})
         for i, call in enumerate(tool_calls_of(message)):
-            function = call.get("function") or {}
+            function = as_dict(call.get("function"))
             arguments = parse_arguments(function.get("arguments"))
             # Anthropic's `input` is always an object; a call whose arguments are not a JSON
             # object (a truncated or malformed generation) reaches the agent as an empty input,
@@ -72,7 +73,7 @@ class MessagesDialect(Dialect):
                             "input": arguments if isinstance(arguments, dict) else {}})
         stop_reason, stop_sequence = stop_fields(choice.get("finish_reason"),
                                                  choice.get("stop_reason"), request)
-        usage = chat.get("usage") or {}
+        prompt, completion, cached = usage_counts(chat.get("usage"))
         return {
             "id": message_id(chat.get("id")),
             "type": "message",
@@ -82,10 +83,10 @@ class MessagesDialect(Dialect):
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
             "usage": {
-                "input_tokens": int(usage.get("prompt_tokens") or 0),
+                "input_tokens": prompt,
                 "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": cached_tokens(usage),
-                "output_tokens": int(usage.get("completion_tokens") or 0),
+                "cache_read_input_tokens": cached,
+                "output_tokens": completion,
             },
         }
 
@@ -98,5 +99,5 @@ class MessagesDialect(Dialect):
 
     def count_tokens(self, body: dict) -> dict:
         chat = messages_to_chat(body, need_max_tokens=False)
-        size = len(dumps(chat["messages"]).encode()) + len(dumps(chat.get("tools", [])).encode())
+        size = len(dumps([chat["messages"], chat.get("tools", [])]).encode("utf-8", "replace"))
         return {"input_tokens": max(1, size // 4)}

@@ -40,7 +40,7 @@ def signature(thinking: str) -> str:
     Claude Code stores it and sends it back with the block; nothing verifies it here. A digest
     of the text keeps it deterministic (same thinking, same signature).
     """
-    digest = hashlib.sha256(thinking.encode()).digest()
+    digest = hashlib.sha256(thinking.encode("utf-8", "surrogatepass")).digest()
     return base64.b64encode(digest).decode()
 
 
@@ -54,4 +54,6 @@ def stop_fields(finish_reason: Any, matched: Any, request: dict) -> tuple[str, s
     if (finish_reason == "stop" and isinstance(matched, str) and isinstance(stops, list)
             and matched in stops):
         return "stop_sequence", matched
-    return _STOP_REASONS.get(finish_reason or "stop", "end_turn"), None
+    if not isinstance(finish_reason, str):
+        return "end_turn", None
+    return _STOP_REASONS.get(finish_reason, "end_turn"), None

@@ -22,7 +22,7 @@ from the model output, which Claude Code concatenates and parses at content_bloc
 
 from __future__ import annotations
 
-from .base import StreamEncoder, cached_tokens, reasoning_text, sse_event
+from .base import StreamEncoder, first_delta, reasoning_text, sse_event, usage_counts
 from .messages_items import message_id, signature, stop_fields
 
 __all__ = ["MessagesStreamEncoder"]
@@ -120,17 +120,14 @@ class MessagesStreamEncoder(StreamEncoder):
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._usage_seen = True
-            self._prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self._completion_tokens = int(usage.get("completion_tokens") or 0)
-            self._cached = cached_tokens(usage)
-        choices = chunk.get("choices")
-        if not choices or not isinstance(choices[0], dict):
+            self._prompt_tokens, self._completion_tokens, self._cached = usage_counts(usage)
+        picked = first_delta(chunk)
+        if picked is None:
             return out
-        choice = choices[0]
+        choice, delta = picked
         token_ids = choice.get("token_ids")
         if isinstance(token_ids, list) and not self._usage_seen:
             self._completion_tokens += len(token_ids)
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
         reasoning = reasoning_text(delta)
         if reasoning:
             if self._kind != "thinking":
@@ -148,7 +145,7 @@ class MessagesStreamEncoder(StreamEncoder):
             for fragment in fragments:
                 if isinstance(fragment, dict):
                     out += self._tool_fragment(fragment)
-        if choice.get("finish_reason"):
+        if isinstance(choice.get("finish_reason"), str):
             self._finish = choice["finish_reason"]
             self._stop_reason_value = choice.get("stop_reason")
         return out

@@ -28,7 +28,15 @@ from __future__ import annotations
 
 import time
 
-from .base import Dialect, cached_tokens, first_choice, reasoning_text, tool_calls_of
+from .base import (
+    Dialect,
+    as_dict,
+    as_int,
+    first_choice,
+    reasoning_text,
+    tool_calls_of,
+    usage_counts,
+)
 from .chat import openai_error
 from .responses_items import (
     ids_from,
@@ -56,7 +64,7 @@ class ResponsesDialect(Dialect):
     def from_chat(self, chat: dict, request: dict) -> dict:
         suffix = ids_from(chat.get("id"))
         choice = first_choice(chat)
-        message = choice.get("message") or {}
+        message = as_dict(choice.get("message"))
         output: list[dict] = []
         reasoning = reasoning_text(message)
         if reasoning:
@@ -66,18 +74,16 @@ class ResponsesDialect(Dialect):
             output.append(message_item(f"msg_{suffix}_{len(output)}", content))
         routes = tool_routes(request) if message.get("tool_calls") else {}
         for i, call in enumerate(tool_calls_of(message)):
-            function = call.get("function") or {}
+            function = as_dict(call.get("function"))
             name = str(function.get("name") or "")
             call_id = str(call.get("id") or f"call_{suffix}_{i}")
             output.append(tool_call_item(routes.get(name), f"fc_{suffix}_{i}", call_id, name,
                                          str(function.get("arguments") or "")))
-        usage = chat.get("usage") or {}
         finish = choice.get("finish_reason")
         return response_object(
-            request, f"resp_{suffix}", int(chat.get("created") or time.time()),
+            request, f"resp_{suffix}", as_int(chat.get("created")) or int(time.time()),
             status_of(finish), output,
-            response_usage(int(usage.get("prompt_tokens") or 0),
-                           int(usage.get("completion_tokens") or 0), cached_tokens(usage)),
+            response_usage(*usage_counts(chat.get("usage"))),
             finish,
         )
 

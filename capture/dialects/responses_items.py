@@ -35,8 +35,14 @@ def response_usage(prompt: int, completion: int, cached: int = 0) -> dict:
 
 
 def response_object(request: dict, response_id: str, created: int, status: str,
-                    output: list[dict], usage: dict | None, finish_reason: str | None) -> dict:
-    """The `response` object, echoing the request's settings as the real API does."""
+                    output: list[dict], usage: dict | None, finish_reason: str | None,
+                    *, echo_large: bool = True) -> dict:
+    """The `response` object, echoing the request's settings as the real API does.
+
+    `echo_large=False` leaves out the echo of `instructions` and `tools` (None and []): streams
+    send the response object three times, and Codex's tools alone are ~30 KB of JSON that no
+    agent reads back, so a stream would pay for serialising them on every call.
+    """
     incomplete = None
     if status == "incomplete":
         reason = "content_filter" if finish_reason == "content_filter" else "max_output_tokens"
@@ -49,7 +55,7 @@ def response_object(request: dict, response_id: str, created: int, status: str,
         "background": False,
         "error": None,
         "incomplete_details": incomplete,
-        "instructions": request.get("instructions"),
+        "instructions": request.get("instructions") if echo_large else None,
         "max_output_tokens": request.get("max_output_tokens"),
         "model": request.get("model"),
         "output": output,
@@ -60,7 +66,7 @@ def response_object(request: dict, response_id: str, created: int, status: str,
         "temperature": request.get("temperature"),
         "text": request.get("text") or {"format": {"type": "text"}},
         "tool_choice": request.get("tool_choice", "auto"),
-        "tools": request.get("tools") or [],
+        "tools": (request.get("tools") or []) if echo_large else [],
         "top_p": request.get("top_p"),
         "truncation": request.get("truncation", "disabled"),
         "usage": usage,

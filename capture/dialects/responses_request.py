@@ -78,7 +78,7 @@ class ToolRoute:
 
 def encode_reasoning(text: str) -> str:
     """Reasoning text as `encrypted_content`, so Codex hands it back verbatim next turn."""
-    return _REASONING_MARK + base64.b64encode(text.encode()).decode()
+    return _REASONING_MARK + base64.b64encode(text.encode("utf-8", "surrogatepass")).decode()
 
 
 def decode_reasoning(blob: Any) -> str | None:
@@ -86,7 +86,8 @@ def decode_reasoning(blob: Any) -> str | None:
     if not isinstance(blob, str) or not blob.startswith(_REASONING_MARK):
         return None
     try:
-        return base64.b64decode(blob[len(_REASONING_MARK):], validate=True).decode()
+        raw = base64.b64decode(blob[len(_REASONING_MARK):], validate=True)
+        return raw.decode("utf-8", "surrogatepass")
     except (ValueError, UnicodeDecodeError):
         return None
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .base import StreamEncoder, cached_tokens, reasoning_text, sse_event
+from .base import StreamEncoder, as_int, first_delta, reasoning_text, sse_event, usage_counts
 from .responses_items import (
     ids_from,
     message_item,
@@ -89,12 +89,12 @@ class ResponsesStreamEncoder(StreamEncoder):
 
     def _response(self, status: str, output: list[dict], usage: dict | None) -> dict:
         return response_object(self._request, f"resp_{self._suffix}", self._created, status,
-                               output, usage, self._finish)
+                               output, usage, self._finish, echo_large=False)
 
     def _start(self, chunk: dict) -> bytes:
         self._started = True
         self._suffix = ids_from(chunk.get("id"))
-        self._created = int(chunk.get("created") or time.time())
+        self._created = as_int(chunk.get("created")) or int(time.time())
         snapshot = self._response("in_progress", [], None)
         return (self._event("response.created", {"response": snapshot})
                 + self._event("response.in_progress", {"response": snapshot}))
@@ -222,17 +222,14 @@ class ResponsesStreamEncoder(StreamEncoder):
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._usage_seen = True
-            self._prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            self._completion_tokens = int(usage.get("completion_tokens") or 0)
-            self._cached = cached_tokens(usage)
-        choices = chunk.get("choices")
-        if not choices or not isinstance(choices[0], dict):
+            self._prompt_tokens, self._completion_tokens, self._cached = usage_counts(usage)
+        picked = first_delta(chunk)
+        if picked is None:
             return out
-        choice = choices[0]
+        choice, delta = picked
         token_ids = choice.get("token_ids")
         if isinstance(token_ids, list) and not self._usage_seen:
             self._completion_tokens += len(token_ids)
-        delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
         reasoning = reasoning_text(delta)
         if reasoning:
             if self._open != "reasoning":
@@ -260,7 +257,7 @@ class ResponsesStreamEncoder(StreamEncoder):
             for fragment in fragments:
                 if isinstance(fragment, dict):
                     out += self._tool_fragment(fragment)
-        if choice.get("finish_reason"):
+        if isinstance(choice.get("finish_reason"), str):
             self._finish = choice["finish_reason"]
         return out
 
