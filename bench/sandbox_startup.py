@@ -7,6 +7,7 @@ one after another:
     start      BwrapSandbox.start(): private dir, control socket, bwrap, supervisor "ready"
     first exec one `true` through the control channel (what the first agent command pays extra)
     stop       BwrapSandbox.stop(): kill pid 1, reap, remove relays, cgroup and private dir
+    cpu s+s    CPU time (ours + bwrap + supervisor) of start + stop: load-independent
 
 `--harbor` measures BwrapEnvironment.start/stop on a bundled task instead (adds the Dockerfile
 recipe and Harbor's constructor). The supervisor runs on the host's /usr/bin/python3, whose
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import logging
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -39,21 +41,44 @@ def _summary(values: list[float]) -> str:
 
 async def _bench_sandbox(n: int, forward: bool) -> dict[str, list[float]]:
     spec = SandboxSpec(forward={54321: ("127.0.0.1", 54321)} if forward else {})
-    out: dict[str, list[float]] = {"start": [], "first exec": [], "stop": [], "start+stop": []}
+    out: dict[str, list[float]] = {
+        "start": [],
+        "first exec": [],
+        "stop": [],
+        "start+stop": [],
+        "cpu s+s": [],
+    }
     for i in range(n):
         box = BwrapSandbox(spec, name=f"bench{i}")
+        c0 = _cpu()
         t0 = time.perf_counter()
         await box.start()
         t1 = time.perf_counter()
+        c1 = _cpu()
         await box.shell("true")
         t2 = time.perf_counter()
+        c2 = _cpu()
         await box.stop()
         t3 = time.perf_counter()
+        c3 = _cpu()
         out["start"].append(t1 - t0)
         out["first exec"].append(t2 - t1)
         out["stop"].append(t3 - t2)
         out["start+stop"].append((t1 - t0) + (t3 - t2))
+        out["cpu s+s"].append((c1 - c0) + (c3 - c2))
     return out
+
+
+def _cpu() -> float:
+    """CPU seconds used so far by this process and its reaped children (bwrap, supervisor).
+
+    Unlike wall time this barely moves with the machine's load, so it is the figure to compare
+    against the 100 ms target when the 2 cores here are shared: start+stop is one chain of
+    processes, so on an idle machine its wall time is close to its CPU time.
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 async def _bench_harbor(n: int) -> dict[str, list[float]]:
@@ -107,8 +132,10 @@ def main() -> None:
     print(f"{label}, n={args.n}")
     for key, values in results.items():
         print(f"  {key:<11} {_summary(values)}")
-    verdict = "under" if statistics.median(results["start+stop"]) < 0.1 else "OVER"
-    print(f"target start+stop < 100 ms: {verdict}")
+    for key in ("start+stop", "cpu s+s"):
+        if key in results:
+            verdict = "under" if statistics.median(results[key]) < 0.1 else "OVER"
+            print(f"target {key} < 100 ms: {verdict}")
 
 
 if __name__ == "__main__":

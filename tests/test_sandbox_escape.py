@@ -291,3 +291,26 @@ async def test_an_agent_symlink_cannot_redirect_an_upload_to_the_host(tmp_path: 
     finally:
         await box.stop()
     assert list(victim.iterdir()) == []
+
+
+async def test_an_agent_killing_everything_it_can_does_not_take_the_sandbox_down(
+    sandbox: BwrapSandbox,
+) -> None:
+    # `kill -9 -1` and `pkill python3` from inside reach every process except pid 1, which is
+    # the supervisor: the next command (e.g. the verifier) must still run.
+    await _sh(sandbox, "pkill -9 python3; kill -9 -1; kill -INT 1; kill -TERM 1; true")
+    assert (await _sh(sandbox, "echo still here"))[1] == "still here\n"
+
+
+async def test_memory_limit_kills_an_oversized_allocation() -> None:
+    box = BwrapSandbox(SandboxSpec(limits=SandboxLimits(memory_mb=64)), name="memory")
+    await box.start()
+    try:
+        if "memory" not in box.enforced_limits:
+            pytest.skip(f"no writable memory cgroup here; in force: {box.enforced_limits}")
+        rc, out, _ = await _sh(box, "python3 -c 'x = bytearray(300 << 20); print(len(x))'")
+        small = await _sh(box, "python3 -c 'x = bytearray(8 << 20); print(len(x))'")
+    finally:
+        await box.stop()
+    assert rc == 128 + 9 and out == ""  # SIGKILLed by the OOM killer
+    assert small[0] == 0

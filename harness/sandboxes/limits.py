@@ -103,9 +103,10 @@ class ProcessCgroup:
     the sandbox's processes are gone.
     """
 
-    def __init__(self, dirs: list[Path], procs_files: list[Path]):
+    def __init__(self, dirs: list[Path], procs_files: list[Path], memory: bool = False):
         self.dirs = dirs
         self.procs_files = procs_files
+        self.memory = memory  # whether a memory cap is in force too
 
     @classmethod
     def create(cls, name: str, limits: SandboxLimits) -> ProcessCgroup | None:
@@ -125,16 +126,17 @@ class ProcessCgroup:
                     mem.mkdir()
                     dirs.append(mem)
                     (mem / "memory.limit_in_bytes").write_text(str(limits.memory_mb << 20))
-                return cls(dirs, [d / "cgroup.procs" for d in dirs])
+                return cls(dirs, [d / "cgroup.procs" for d in dirs], memory=len(dirs) == 2)
             own = _own_v2_cgroup()
             assert own is not None
             group = own / leaf
             group.mkdir()
             dirs.append(group)
             (group / "pids.max").write_text(str(limits.max_processes))
-            if limits.memory_mb and (group / "memory.max").exists():
+            memory = bool(limits.memory_mb and (group / "memory.max").exists())
+            if memory:
                 (group / "memory.max").write_text(str(limits.memory_mb << 20))
-            return cls(dirs, [group / "cgroup.procs"])
+            return cls(dirs, [group / "cgroup.procs"], memory=memory)
         except OSError as exc:
             logger.warning("could not create the sandbox cgroup (%s); rlimits only", exc)
             cls(dirs, []).remove()

@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import logging
+import marshal
 import os
 import shutil
 import signal
@@ -211,7 +212,8 @@ class BwrapSandbox:
             "limits": self.spec.limits.rlimits(),
         }
         info_r, info_w = os.pipe()
-        command = [_SANDBOX_PYTHON, "-I", "-S", "-c", _SUPERVISOR_SOURCE, json.dumps(config)]
+        payload = marshal.dumps(config, 4).hex()  # the supervisor reads marshal, not JSON
+        command = [_SANDBOX_PYTHON, "-I", "-S", "-c", _SUPERVISOR_SOURCE, payload]
         argv = bwrap_argv(
             root_dir=self.root,
             net_dir=net_dir,
@@ -288,6 +290,16 @@ class BwrapSandbox:
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
         self.timings["stop_s"] = time.perf_counter() - t0
+
+    @property
+    def enforced_limits(self) -> dict[str, str]:
+        """What actually caps this sandbox (for logs): rlimits always, cgroups where writable."""
+        out = {k: f"rlimit {v}" for k, v in self.spec.limits.rlimits().items()}
+        if self._cgroup is not None:
+            out["processes"] = f"pids cgroup {self.spec.limits.max_processes}"
+            if self._cgroup.memory:
+                out["memory"] = f"memory cgroup {self.spec.limits.memory_mb} MiB"
+        return out
 
     @property
     def running(self) -> bool:

@@ -74,6 +74,7 @@ def bwrap_argv(
         "bwrap",
         "--unshare-all",  # user, pid, net (loopback only), ipc, uts, cgroup
         "--die-with-parent",
+        "--as-pid-1",  # the supervisor is pid 1: unkillable from inside (see supervisor.py)
         "--new-session",  # no TIOCSTI into the host's terminal
         "--cap-drop",
         "ALL",
