@@ -314,3 +314,21 @@ async def test_memory_limit_kills_an_oversized_allocation() -> None:
         await box.stop()
     assert rc == 128 + 9 and out == ""  # SIGKILLed by the OOM killer
     assert small[0] == 0
+
+
+def test_a_sandbox_started_in_one_event_loop_runs_and_stops_from_others() -> None:
+    # Sync session code drives each step with its own asyncio.run(); nothing may leak.
+    box = BwrapSandbox(SandboxSpec(), name="loops")
+    asyncio.run(box.start())
+    out = asyncio.run(box.shell("sleep 5432.5 & echo up"))
+    assert out.stdout == b"up\n" and _host_pids_with("sleep 5432.5")
+    asyncio.run(box.stop())
+    assert _host_pids_with("sleep 5432.5") == [] and box.dir is not None and not box.dir.exists()
+
+
+def test_stop_sync_kills_and_cleans_up_without_an_event_loop() -> None:
+    box = BwrapSandbox(SandboxSpec(), name="sync")
+    asyncio.run(box.start())
+    asyncio.run(box.shell("sleep 5433.5 &"))
+    box.stop_sync()
+    assert _host_pids_with("sleep 5433.5") == [] and box.dir is not None and not box.dir.exists()

@@ -18,15 +18,18 @@ start-up; see that script for the current figure.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import io
 import json
 import logging
 import marshal
 import os
+import select
 import shutil
 import signal
 import socket
+import subprocess
 import tarfile
 import tempfile
 import time
@@ -59,6 +62,7 @@ logger = logging.getLogger(__name__)
 _SUPERVISOR_SOURCE = (Path(__file__).with_name("supervisor.py")).read_text()
 _SANDBOX_PYTHON = "/usr/bin/python3"
 _READY_TIMEOUT_S = 20.0
+_LIVE: set[BwrapSandbox] = set()  # started, not yet stopped (strong refs: stop them at exit)
 
 # The only variables a command sees besides the spec's and the caller's: no host secrets pass.
 BASE_ENV = {
@@ -137,7 +141,7 @@ class BwrapSandbox:
         self.name = name
         self._base_dir = base_dir
         self.dir: Path | None = None
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
         self._child_pid: int | None = None
         self._cgroup: ProcessCgroup | None = None
@@ -225,38 +229,36 @@ class BwrapSandbox:
         self._cgroup = ProcessCgroup.create(self.name, self.spec.limits)
         if self._cgroup is not None:
             argv = self._cgroup.wrap(argv)
-        log = open(self.dir / "run" / "supervisor.log", "wb")  # noqa: SIM115 (child keeps it)
+        # Plain Popen, not asyncio's subprocess: the session may start the sandbox in one event
+        # loop and stop it in another (or from sync code), and an asyncio transport dies with
+        # the loop that made it.
+        with open(self.dir / "run" / "supervisor.log", "wb") as log:
+            try:
+                self._proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    pass_fds=(self._ctl.fileno(), info_w),
+                    env={"PATH": BASE_PATH},
+                    start_new_session=True,
+                )
+            finally:
+                os.close(info_w)
+        _LIVE.add(self)
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                pass_fds=(self._ctl.fileno(), info_w),
-                env={"PATH": BASE_PATH},
-                start_new_session=True,
-            )
+            ready = await asyncio.to_thread(_read_ready, self._proc, _READY_TIMEOUT_S)
+            # bwrap wrote {"child-pid": N} before the supervisor could print "ready"; read
+            # without blocking, since the write end may stay open in bwrap.
+            os.set_blocking(info_r, False)
+            info = os.read(info_r, 4096) if ready else b""
         finally:
-            os.close(info_w)
-            log.close()
-        try:
-            assert self._proc.stdout is not None
-            line = await asyncio.wait_for(self._proc.stdout.readline(), _READY_TIMEOUT_S)
-        except TimeoutError:
-            line = b""
-        if line.strip() != b"ready":
             os.close(info_r)
+        if not ready:
             raise SandboxStartError(
-                f"sandbox {self.name} did not start (bwrap exit {self._proc.returncode}); "
+                f"sandbox {self.name} did not start (bwrap exit {self._proc.poll()}); "
                 f"log tail: {self._log_tail()!r}"
             )
-        # bwrap wrote {"child-pid": N} before the supervisor could print "ready"; read without
-        # blocking, since the write end may stay open in bwrap.
-        os.set_blocking(info_r, False)
-        try:
-            info = os.read(info_r, 4096)
-        finally:
-            os.close(info_r)
         self._child_pid = int(json.loads(info.split(b"}")[0] + b"}")["child-pid"])
 
     def _log_tail(self) -> str:
@@ -266,21 +268,55 @@ class BwrapSandbox:
         return path.read_text(errors="replace")[-2000:]
 
     async def stop(self) -> None:
-        """Kill every process of the sandbox, close its relays and remove its files. Idempotent."""
+        """Kill every process of the sandbox, close its relays and remove its files. Idempotent.
+
+        Safe from any event loop (and under cancellation: the kill happens first, synchronously,
+        and the cleanup runs in `finally`).
+        """
         if self._stopped:
             return
         self._stopped = True
         t0 = time.perf_counter()
+        self._kill_all()
+        try:
+            if self._proc is not None:
+                deadline = time.monotonic() + 5.0
+                while self._proc.poll() is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.001)
+        finally:
+            self._cleanup()
+        self.timings["stop_s"] = time.perf_counter() - t0
+
+    def stop_sync(self) -> None:
+        """`stop()` for sync code and interpreter exit."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._kill_all()
+        try:
+            if self._proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(5.0)
+        finally:
+            self._cleanup()
+
+    def _kill_all(self) -> None:
         if self._child_pid is not None:
-            # The sandbox's pid 1: when it dies the kernel kills its whole pid namespace, and
-            # bwrap (its parent) reaps it and exits, so waiting for bwrap waits for all of them.
+            # The sandbox's pid 1 (the supervisor): when it dies the kernel kills its whole pid
+            # namespace, and bwrap (its parent) reaps it and exits, so once bwrap is gone, all
+            # of the sandbox's processes are.
             _kill(self._child_pid)
-        if self._proc is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._proc.wait()), 5.0)
-            except TimeoutError:
-                _kill(self._proc.pid)  # bwrap itself is wedged; its child dies with it
-                await self._proc.wait()
+        elif self._proc is not None:
+            _kill(self._proc.pid)  # never got ready: bwrap's child dies with it (die-with-parent)
+
+    def _cleanup(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            _kill(self._proc.pid)  # bwrap itself is wedged; its child dies with it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(5.0)
+        if self._proc is not None and self._proc.stdout is not None:
+            self._proc.stdout.close()
+        _LIVE.discard(self)
         if self._ctl is not None:
             self._ctl.close()
         if self._forward_key is not None:
@@ -289,7 +325,6 @@ class BwrapSandbox:
             self._cgroup.remove()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
-        self.timings["stop_s"] = time.perf_counter() - t0
 
     @property
     def enforced_limits(self) -> dict[str, str]:
@@ -303,7 +338,7 @@ class BwrapSandbox:
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None and not self._stopped
+        return self._proc is not None and self._proc.poll() is None and not self._stopped
 
     # -- commands -------------------------------------------------------------------------------
     async def exec(
@@ -376,6 +411,30 @@ class BwrapSandbox:
                 f"{result.stderr.decode(errors='replace').strip()[:500]}"
             )
         return result
+
+
+def _read_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Wait (in a worker thread) for the supervisor's "ready" line; False on exit or timeout."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buf = b""
+    deadline = time.monotonic() + timeout_s
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return False
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return False
+        buf += chunk
+    return buf.split(b"\n", 1)[0].strip() == b"ready"
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Sandboxes still running at interpreter exit: kill them and remove their dirs."""
+    for box in list(_LIVE):
+        box.stop_sync()
 
 
 def _safe_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
