@@ -332,3 +332,21 @@ def test_stop_sync_kills_and_cleans_up_without_an_event_loop() -> None:
     asyncio.run(box.shell("sleep 5433.5 &"))
     box.stop_sync()
     assert _host_pids_with("sleep 5433.5") == [] and box.dir is not None and not box.dir.exists()
+
+
+async def test_commands_inherit_no_descriptor_but_their_stdio(sandbox: BwrapSandbox) -> None:
+    # The supervisor's control socket in a command would let it answer the verifier's exec.
+    _, out, _ = await _sh(sandbox, "ls /proc/self/fd")
+    assert sorted(int(fd) for fd in out.split()) == [0, 1, 2, 3]  # 3: ls's own dir handle
+
+
+async def test_commands_cannot_ptrace_or_inspect_the_supervisor(sandbox: BwrapSandbox) -> None:
+    script = (
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('ptrace', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH
+        "try:\n os.readlink('/proc/1/fd/0'); print('readlink ok')\n"
+        "except OSError as e: print('readlink', e.errno)"
+    )
+    _, out, err = await _sh(sandbox, f'python3 -c "{script}"')
+    assert "ptrace -1 1" in out, err  # EPERM
+    assert "readlink 13" in out  # EACCES

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -162,12 +163,9 @@ class BwrapEnvironment(BaseEnvironment):
             raise
 
     def _with_task_memory(self, limits: SandboxLimits) -> SandboxLimits:
+        """The task's (or Harbor's override of its) memory_mb replaces the default cap."""
         memory = self._effective_memory_mb
-        if memory and limits.memory_mb is None:
-            from dataclasses import replace
-
-            return replace(limits, memory_mb=memory)
-        return limits
+        return replace(limits, memory_mb=memory) if memory else limits
 
     async def _apply_step(self, step: CopyStep | RunStep) -> None:
         assert self.sandbox is not None

@@ -46,7 +46,10 @@ class SandboxLimits:
     max_processes: int | None = 512
     max_file_size_mb: int | None = 1024
     max_open_files: int | None = 4096
-    memory_mb: int | None = None  # cgroup only; a task's [environment].memory_mb fills it
+    # cgroup only. Also bounds what the agent writes to its private root when that is on
+    # /dev/shm (tmpfs pages are charged to the writer's cgroup). A task's [environment].memory_mb
+    # replaces it (BwrapEnvironment).
+    memory_mb: int | None = 4096
     default_exec_timeout_s: float | None = None  # used when exec() gets no timeout
 
     def rlimits(self) -> dict[str, int]:

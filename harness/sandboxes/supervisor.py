@@ -411,6 +411,18 @@ def _apply_limits(limits):
         resource.setrlimit(which, (value, value))
 
 
+def _make_undumpable():
+    """PR_SET_DUMPABLE 0: commands run as our uid, and without this they could ptrace us (or
+    pidfd_getfd our control socket, or read /proc/1/mem) and forge results. Non-dumpable makes
+    those need CAP_SYS_PTRACE, which nothing in the sandbox has. ctypes costs a few ms of
+    start-up; no cheaper way to call prctl exists in the standard library."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        _log(f"prctl(PR_SET_DUMPABLE, 0) failed: errno {ctypes.get_errno()}")
+        sys.exit(3)
+
+
 def main():
     config = marshal.loads(bytes.fromhex(sys.argv[1]))
     # We are the sandbox's pid 1 (bwrap --as-pid-1): the kernel drops signals sent to us from
@@ -425,7 +437,12 @@ def main():
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _register(wake_r, _IN, "wake", None)
     _apply_limits(config.get("limits") or {})
-    ctl = _socket.socket(fileno=int(config["ctl_fd"]))
+    ctl_fd = int(config["ctl_fd"])
+    # Inherited from the host, so inheritable: a command that inherited it could accept the
+    # host's next control connection (the verifier's) and answer it with a forged result.
+    os.set_inheritable(ctl_fd, False)
+    _make_undumpable()
+    ctl = _socket.socket(fileno=ctl_fd)
     ctl.setblocking(False)
     _register(ctl.fileno(), _IN, "ctl", ctl)
     listeners = []
