@@ -350,3 +350,17 @@ async def test_commands_cannot_ptrace_or_inspect_the_supervisor(sandbox: BwrapSa
     _, out, err = await _sh(sandbox, f'python3 -c "{script}"')
     assert "ptrace -1 1" in out, err  # EPERM
     assert "readlink 13" in out  # EACCES
+
+
+async def test_kill_processes_ends_agent_leftovers_before_grading(sandbox: BwrapSandbox) -> None:
+    # A leftover that would rewrite the reward after the verifier ran.
+    await _sh(
+        sandbox,
+        "setsid sh -c 'while true; do echo 1 > /logs/verifier/reward.txt; sleep 0.05; done' "
+        ">/dev/null 2>&1 & setsid nohup sleep 9876.5 >/dev/null 2>&1 & true",
+    )
+    assert _host_pids_with("sleep 9876.5")
+    await sandbox.kill_processes()
+    assert _host_pids_with("sleep 9876.5") == []
+    await _sh(sandbox, "rm -f /logs/verifier/reward.txt; sleep 0.3")
+    assert (await _sh(sandbox, "ls /logs/verifier"))[1] == ""

@@ -225,3 +225,17 @@ async def test_stopping_many_sandboxes_at_once_leaves_no_private_dirs(tmp_path: 
     await asyncio.gather(*(e.stop(delete=True) for e in envs))
     assert len(dirs) == 8 and not any(d is not None and d.exists() for d in dirs)
     assert os.path.isdir(tmp_path)
+
+
+async def test_files_the_agent_planted_in_tests_are_gone_when_the_verifier_uploads(
+    tmp_path: Path,
+):
+    env = _environment(BUNDLED_DIR / "fix-python-function", tmp_path)
+    await env.start(force_build=False)
+    try:
+        await env.exec("mkdir -p /tests && echo 'import sys; sys.exit(0)' > /tests/conftest.py")
+        await env.upload_dir(BUNDLED_DIR / "fix-python-function" / "tests", "/tests")
+        listing = await env.exec("ls /tests")
+    finally:
+        await env.stop(delete=True)
+    assert sorted((listing.stdout or "").split()) == ["test.sh", "test_stats.py"]

@@ -26,7 +26,9 @@ What is covered
   masked) plus the read-only binds asked for; `/` is a private writable dir, deleted at stop.
   The repo, $HOME, /work, /tmp of the host are not visible.
 - Tests: the task's tests/ is never bound; Harbor's verifier uploads it to /tests at verify
-  time, after the agent ran. The solution is uploaded only by Harbor's oracle agent.
+  time, after the agent ran, replacing (not merging into) anything the agent put there. The
+  solution is uploaded only by Harbor's oracle agent. `kill_agent_processes()` kills the
+  agent's leftovers before grading (the session calls it; Harbor's Trial does not).
 - Network: a fresh network namespace with only loopback. Each forwarded port is relayed to one
   host TCP address (the capture proxy); no other host port and no other address is reachable.
 - Environment: every command starts from a clean environment (BASE_ENV + the task's and
@@ -60,6 +62,7 @@ from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.models.trial.paths import EnvironmentPaths
 
 from harness.sandboxes.dockerfile import CopyStep, EnvironmentRecipe, RunStep, parse_dockerfile
 from harness.sandboxes.errors import SandboxDefinitionError, SandboxStartError
@@ -222,7 +225,20 @@ class BwrapEnvironment(BaseEnvironment):
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         assert self.sandbox is not None
+        if target_dir.rstrip("/") == str(EnvironmentPaths.tests_dir):
+            # The verifier's upload: replace, never merge, so a file the agent planted in
+            # /tests (a conftest.py, a fake test) cannot take part in grading.
+            await self.sandbox.exec(["rm", "-rf", "--", target_dir], cwd="/", timeout_s=120)
         await self.sandbox.put_dir(Path(source_dir), target_dir)
+
+    async def kill_agent_processes(self) -> None:
+        """Kill everything still running in the sandbox (the agent's leftovers) before grading.
+
+        Harbor's Trial does not do this; a Harness session calls it after the agent phase and
+        before `Verifier.verify()`.
+        """
+        if self.sandbox is not None:
+            await self.sandbox.kill_processes()
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         assert self.sandbox is not None

@@ -52,18 +52,24 @@ async def run_command(
     timeout_s: float | None,
     stdin: bytes = b"",
     on_output: OutputSink | None = None,
+    op: str | None = None,
 ) -> RawExecResult:
-    """Run argv in the sandbox and wait for it; raises SandboxExecError if the channel breaks."""
+    """Run argv in the sandbox and wait for it; raises SandboxExecError if the channel breaks.
+
+    `op="killall"` sends the supervisor's kill-everything request instead of a command.
+    """
     try:
         reader, writer = await asyncio.open_unix_connection(str(ctl_path))
     except OSError as exc:
         raise SandboxExecError(
             f"cannot reach the sandbox supervisor at {ctl_path}: {exc} (was the sandbox stopped?)"
         ) from exc
-    header = marshal.dumps(
-        {"argv": argv, "env": env, "cwd": cwd, "timeout": timeout_s, "stdin_len": len(stdin)},
-        4,  # a format every Python >= 3.4 reads: the supervisor runs on the host's python3
-    )
+    request = {"argv": argv, "env": env, "cwd": cwd, "timeout": timeout_s, "stdin_len": len(stdin)}
+    if op is not None:
+        request = {"op": op}
+    # marshal version 4: a format every Python >= 3.4 reads (the supervisor runs on the host's
+    # own python3, whatever version that is).
+    header = marshal.dumps(request, 4)
     out, err = bytearray(), bytearray()
     try:
         # Never half-close: the supervisor reads EOF on this socket as "kill the command".

@@ -376,6 +376,18 @@ class BwrapSandbox:
             )
         return result
 
+    async def kill_processes(self) -> None:
+        """SIGKILL every process in the sandbox but its supervisor; the sandbox stays usable.
+
+        Call it between the agent and the verifier: whatever the agent left running in the
+        background could otherwise rewrite /tests or the reward file while the task is graded.
+        """
+        if not self.running or self.dir is None:
+            raise SandboxClosedError(f"sandbox {self.name} is not running")
+        await run_command(
+            self.dir / "run" / "ctl.sock", [], env={}, cwd="/", timeout_s=None, op="killall"
+        )
+
     async def shell(self, command: str, **kwargs) -> RawExecResult:
         return await self.exec(["/bin/sh", "-c", command], **kwargs)
 

@@ -17,7 +17,8 @@ Why a resident process instead of one `bwrap` per command: Harbor's environments
 between `exec` calls (background servers, the network namespace), and a fresh namespace per
 command would lose them and pay the namespace set-up each time.
 
-Control protocol, one connection per command (marshal, version 4, plain dicts/lists/str/num):
+Control protocol, one connection per command (marshal, version 4, plain dicts/lists/str/num);
+a header {"op": "killall"} instead SIGKILLs every process in the sandbox but pid 1:
     host -> supervisor   4-byte big-endian length + marshal {"argv", "env", "cwd", "timeout",
                          "stdin_len"}, then `stdin_len` raw bytes for the command's stdin
     supervisor -> host   frames: 1 type byte + 4-byte big-endian length + payload
@@ -252,6 +253,10 @@ def _on_conn(ex, events):
                 return
             ex.header = marshal.loads(ex.inbuf[4 : 4 + length])
             ex.inbuf = ex.inbuf[4 + length :]
+        if ex.header.get("op") == "killall" and not ex.finished:
+            _killall()
+            _exit_frame(ex, 0, False, None)
+            return
         if ex.pid is None and not ex.finished:
             need = int(ex.header.get("stdin_len") or 0)
             if len(ex.inbuf) >= need:
@@ -299,6 +304,31 @@ def _reap():
             continue
         ex.rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
         ex.exited_at = time.monotonic()
+
+
+def _killall():
+    """SIGKILL every process in the sandbox but us (pid 1 is exempt from kill(-1)), and wait.
+
+    The host asks for this between the agent and the verifier, so nothing the agent left
+    running can touch /tests or /logs/verifier while the task is graded.
+    """
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no children left: everything is gone
+        if pid == 0:
+            time.sleep(0.002)  # still dying (never block: one could be stuck in the kernel)
+            continue
+        ex = _by_pid.pop(pid, None)
+        if ex is not None and ex.rc is None:
+            ex.rc = 128 + signal.SIGKILL
+            ex.exited_at = time.monotonic()
 
 
 def _maybe_finish(ex, now):
