@@ -239,3 +239,34 @@ async def test_files_the_agent_planted_in_tests_are_gone_when_the_verifier_uploa
     finally:
         await env.stop(delete=True)
     assert sorted((listing.stdout or "").split()) == ["test.sh", "test_stats.py"]
+
+
+async def test_harbor_output_callbacks_receive_the_command_output_as_it_streams(tmp_path: Path):
+    env = _environment(BUNDLED_DIR / "hello-file", tmp_path)
+    chunks: list[tuple[str, str]] = []
+
+    async def collect(text: str, stream: str) -> None:
+        chunks.append((stream, text))
+
+    await env.start(force_build=False)
+    try:
+        with env.scoped_output_callback(collect):
+            result = await env.exec("echo out; echo err >&2")
+    finally:
+        await env.stop(delete=True)
+    assert ("stdout", "out\n") in chunks and ("stderr", "err\n") in chunks
+    assert result.stdout == "out\n" and result.stderr == "err\n"
+
+
+def test_the_sandboxes_package_exports_exactly_its_public_names():
+    import harness.sandboxes as package
+
+    public = {n for n in dir(package) if not n.startswith("_")} - {
+        "annotations",
+        "Any",
+        # submodules are attributes once imported, not exports
+        "bwrap", "channel", "dockerfile", "errors", "expose", "limits", "local", "mounts",
+        "ports", "supervisor",
+    }  # fmt: skip
+    assert set(package.__all__) == public | {"BwrapEnvironment"}
+    assert package.BwrapEnvironment is BwrapEnvironment

@@ -186,3 +186,11 @@ def test_an_hf_dataset_repo_in_the_local_cache_loads_its_tasks(tmp_path: Path):
 def test_an_unknown_source_form_names_the_forms_that_exist():
     with pytest.raises(TaskNotFoundError, match="registry:NAME@VERSION"):
         load_source("./no/such/folder")
+
+
+def test_the_tasks_package_exports_exactly_its_public_names():
+    import harness.tasks as package
+
+    submodules = {"errors", "loader", "select", "sources"}
+    public = {n for n in dir(package) if not n.startswith("_")} - submodules
+    assert set(package.__all__) == public
