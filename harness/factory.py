@@ -55,7 +55,7 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
     Args:
         proxy_url: the capture proxy's URL, or None to start one on `llm_url`.
         split: the tasks (list of Harbor Tasks / task dirs, or a spec `harness.tasks` loads).
-        harness: agent name in `harness.agents.AGENTS`.
+        harness: agent name in `harness.agents.AGENTS` (or a `HarnessAgent` subclass).
         sandbox: "local" (bubblewrap), a Harbor environment type ("docker", "e2b", ...), or a
             callable `SandboxRequest -> BaseEnvironment`.
         llm_url: the engine URL (only used to start an in-process proxy).
@@ -98,17 +98,18 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
         if proxy_url is None and llm_url is None:
             problems.append("give proxy_url (a running capture proxy) or llm_url (to start one)")
         try:
-            agent_cls = get_agent(harness)
+            # A HarnessAgent subclass is accepted as is (an agent not in the registry, a fake).
+            agent_cls = harness if isinstance(harness, type) else get_agent(harness)
         except KeyError as exc:
             problems.append(str(exc.args[0]))
         try:
             self.tasks = resolve_split(split)
         except (ValueError, FileNotFoundError) as exc:
-            problems.append(str(exc))
+            problems.append(f"split: {exc}")
         if problems:
             raise ValueError("HarborSessionFactory: " + "; ".join(problems))
 
-        self.harness = harness
+        self.harness = agent_cls.NAME
         self.max_concurrent_rollouts = max_concurrent_rollouts
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
@@ -135,7 +136,9 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
 
     # ---- OpenEnv ResourceSessionFactory ------------------------------------------------------
 
-    def create(self, task: Any = None, seed: int | None = None, episode_id: str | None = None) -> HarborSession:
+    def create(
+        self, task: Any = None, seed: int | None = None, episode_id: str | None = None
+    ) -> HarborSession:
         """A started session (sandbox up, agent running) on its own loop thread."""
         session = self._new_session(task, seed, episode_id)
         session.start()
@@ -173,8 +176,13 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
                     break
                 self.retries += 1
                 delay = self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.8, 1.2)
-                log.warning("rollout %s attempt %d: %s; retrying in %.1f s", episode_id, attempt,
-                            result.error, delay)
+                log.warning(
+                    "rollout %s attempt %d: %s; retrying in %.1f s",
+                    episode_id,
+                    attempt,
+                    result.error,
+                    delay,
+                )
                 await asyncio.sleep(delay)
                 backoff_total += delay
         result.attempts = attempt
@@ -194,7 +202,10 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
     @property
     def metrics(self) -> dict[str, int]:
         """Flat counters for a metrics sink: rollouts/<cause> and rollouts/retries."""
-        return {**{f"rollouts/{c}": n for c, n in self.counts.items()}, "rollouts/retries": self.retries}
+        return {
+            **{f"rollouts/{c}": n for c, n in self.counts.items()},
+            "rollouts/retries": self.retries,
+        }
 
     def close(self) -> None:
         """Stop the in-process proxy if this factory started one."""
@@ -203,15 +214,18 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
     # ---- internals ---------------------------------------------------------------------------
 
     def _new_session(self, task: Any, seed: int | None, episode_id: str | None) -> HarborSession:
-        return HarborSession(self.pick_task(task, seed), self.config, seed=seed, episode_id=episode_id)
+        return HarborSession(
+            self.pick_task(task, seed), self.config, seed=seed, episode_id=episode_id
+        )
 
     async def _attempt(
         self, task: Any, seed: int | None, episode_id: str
     ) -> tuple[RolloutResult, BaseException | None]:
         t0 = time.monotonic()
         session = HarborSession(task, self.config, seed=seed, episode_id=episode_id)
-        result = RolloutResult(cause="infra_failure", task_id=session.task_id, seed=seed,
-                               episode_id=episode_id)
+        result = RolloutResult(
+            cause="infra_failure", task_id=session.task_id, seed=seed, episode_id=episode_id
+        )
         error: BaseException | None = None
         try:
             await session.a_start()
@@ -279,7 +293,9 @@ def sandbox_backend(sandbox: Any) -> SandboxBackend:
         return SandboxBackend(make=_local_environment, agent_url=sandbox_url)
     if isinstance(sandbox, str):
         return SandboxBackend(make=lambda request: _harbor_environment(sandbox, request))
-    raise ValueError(f"sandbox must be 'local', a Harbor environment type or a callable, not {sandbox!r}")
+    raise ValueError(
+        f"sandbox must be 'local', a Harbor environment type or a callable, not {sandbox!r}"
+    )
 
 
 def _trial_paths(request: SandboxRequest) -> Any:
@@ -324,31 +340,33 @@ def _harbor_environment(kind: str, request: SandboxRequest) -> Any:
 
 
 def resolve_split(split: Any) -> list[Any]:
-    """Harbor Tasks from a list of Tasks / task dirs, one dir, or a spec `harness.tasks` loads."""
+    """Harbor Tasks from: a spec for `harness.tasks.load_tasks` ("bundled", "registry:...",
+    "hf:...", a folder), one task dir, or a list of Harbor Tasks / HarborTasks / task dirs."""
     from harbor.models.task.task import Task
 
-    if isinstance(split, (str, Path)) and not Path(split).is_dir():
-        from harness import tasks as task_loading
+    from harness.tasks import TaskError, load_tasks
 
-        load = getattr(task_loading, "load_tasks", None)
-        if load is None:
-            raise ValueError(f"split {split!r} is not a task directory")
-        split = load(split)
-    items = [split] if isinstance(split, (str, Path)) else list(split)
-    tasks = [item if isinstance(item, Task) else Task(_task_dir(item)) for item in items]
+    try:
+        if isinstance(split, (str, Path)) and not (Path(split) / "instruction.md").exists():
+            split = load_tasks(str(split))
+        items = [split] if isinstance(split, (str, Path)) else list(split)
+        tasks = [_as_harbor_task(item, Task) for item in items]
+    except TaskError as exc:
+        raise ValueError(str(exc)) from exc
     if not tasks:
         raise ValueError("split holds no tasks")
     return tasks
 
 
-def _task_dir(item: Any) -> Path:
-    for attr in ("task_dir", "path"):
-        if hasattr(item, attr):
-            return Path(getattr(item, attr))
-    path = Path(item)
-    if not (path / "instruction.md").exists() and not (path / "task.toml").exists():
+def _as_harbor_task(item: Any, task_cls: type) -> Any:
+    if isinstance(item, task_cls):
+        return item
+    if hasattr(item, "harbor"):  # harness.tasks.HarborTask
+        return item.harbor()
+    path = Path(getattr(item, "path", item))
+    if not (path / "instruction.md").exists():
         raise FileNotFoundError(f"{path} is not a Harbor task directory (no instruction.md)")
-    return path
+    return task_cls(path)
 
 
 def match_task(tasks: list[Any], task: Any) -> Any | None:
@@ -364,8 +382,12 @@ def match_task(tasks: list[Any], task: Any) -> Any | None:
         return task
     wanted = str(task)
     for candidate in tasks:
-        names = {candidate.name, candidate.short_name, str(candidate.task_dir),
-                 Path(str(candidate.task_dir)).name}
+        names = {
+            candidate.name,
+            candidate.short_name,
+            str(candidate.task_dir),
+            Path(str(candidate.task_dir)).name,
+        }
         if wanted in names:
             return candidate
     return None

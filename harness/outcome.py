@@ -1,7 +1,13 @@
 """`HarnessRolloutOutcome`: what a reward function sees, built from a TrainingTrace.
 
-The capture proxy records each engine call in its agent's own API dialect, so one outcome reader
-per dialect turns the turns into the same few numbers:
+Our capture proxy stores every turn in one chat form whatever the agent spoke (`metadata
+["dialect"]` says which): `request.messages` holds only the messages this call added after its
+parent's request and reply (`metadata["parent_id"]`), `response.message` the assistant message.
+Anthropic `is_error: true` tool results arrive as chat tool messages prefixed `[tool error]`.
+The full transcript of a turn is rebuilt by walking its parents.
+
+Traces from other producers (OpenEnv's capture, TRL) keep the wire shapes, so one reader per
+dialect turns those into the same few numbers:
 
     dialect     tool call (in a turn's response)      tool result (in a later turn's request)
     chat        choices[0].message.tool_calls[]        {"role": "tool", "tool_call_id", "content"}
@@ -68,10 +74,12 @@ class ToolResult:
     flagged_error: bool
 
 
-def dialect_of(turn_metadata: dict[str, Any], request: dict[str, Any], response: dict[str, Any]) -> str:
+def dialect_of(
+    turn_metadata: dict[str, Any], request: dict[str, Any], response: dict[str, Any]
+) -> str:
     """The turn's dialect: the proxy's `metadata["dialect"]`, else guessed from the shapes."""
     dialect = turn_metadata.get("dialect")
-    if dialect in _READERS:
+    if dialect in ("chat", "responses", "messages"):
         return dialect
     if "input" in request or "output" in response:
         return "responses"
@@ -85,35 +93,64 @@ def build_outcome(
 ) -> HarnessRolloutOutcome:
     """Build the outcome of one rollout from its captured trace and its verifier reward."""
     entries = trace.to_trace_entries() if trace is not None else []
+    by_id = {(e.get("metadata") or {}).get("node_id"): e for e in entries}
     calls: dict[str, int] = {}
+    names: dict[Any, str] = {}  # tool call id -> tool name, across turns
     seen: set[tuple[str, str]] = set()
     failures = 0
-    completion: list[Message] = []
+    last: dict[str, Any] | None = None
     for entry in entries:
         metadata = entry.get("metadata") or {}
         if metadata.get("aux"):
             continue
         request, response = entry.get("request") or {}, entry.get("response") or {}
-        reader = _READERS[dialect_of(metadata, request, response)]
-        for name in reader.calls(response):
+        reader = _READERS[_shape_of(metadata, request, response)]
+        for call_id, name in reader.calls(response):
+            names[call_id] = name
             calls[name] = calls.get(name, 0) + 1
-        for result in reader.results(request):
+        for result in reader.results(request, names):
             key = (result.name, result.text[:200])
             if key in seen:
                 continue
             seen.add(key)
             if result.flagged_error or _text_says_failure(result.text):
                 failures += 1
-        completion = reader.transcript(request) + reader.reply(response)
+        last = entry
     return HarnessRolloutOutcome(
         env_reward=env_reward,
-        completion=completion,
+        completion=_completion(last, by_id) if last is not None else [],
         trace=entries,
         tool_call_count=sum(calls.values()),
         tool_failure_count=failures,
         tool_calls_by_name=calls,
         timed_out=timed_out,
     )
+
+
+def _shape_of(metadata: dict[str, Any], request: dict[str, Any], response: dict[str, Any]) -> str:
+    if "message" in response or "n_messages" in request:
+        return "captured"
+    return dialect_of(metadata, request, response)
+
+
+def _completion(entry: dict[str, Any], by_id: dict[Any, dict[str, Any]]) -> list[Message]:
+    """The turn's full transcript plus its reply, as chat messages."""
+    metadata = entry.get("metadata") or {}
+    request, response = entry.get("request") or {}, entry.get("response") or {}
+    shape = _shape_of(metadata, request, response)
+    if shape != "captured":
+        reader = _READERS[shape]
+        return reader.transcript(request) + reader.reply(response)
+    chain = [entry]
+    parent = by_id.get(metadata.get("parent_id"))
+    while parent is not None and parent not in chain:  # parents first; a cycle cannot loop us
+        chain.insert(0, parent)
+        parent = by_id.get((parent.get("metadata") or {}).get("parent_id"))
+    messages: list[Message] = []
+    for turn in chain:
+        messages.extend(dict(m) for m in (turn.get("request") or {}).get("messages") or [])
+        messages.extend(_Captured.reply(turn.get("response") or {}))
+    return messages
 
 
 def _text_says_failure(text: str) -> bool:
@@ -168,32 +205,26 @@ def _arguments(value: Any) -> str:
 
 
 class _Chat:
-    """OpenAI chat completions: opencode, mini-swe-agent."""
+    """OpenAI chat completions (opencode, mini-swe-agent): `choices[0].message`."""
 
     @staticmethod
-    def calls(response: dict[str, Any]) -> list[str]:
-        message = _Chat._message(response)
-        return [
-            name
-            for tc in message.get("tool_calls") or []
-            if (name := (tc.get("function") or tc).get("name"))
-        ]
+    def calls(response: dict[str, Any]) -> list[tuple[Any, str]]:
+        return _tool_calls(_Chat._message(response))
 
     @staticmethod
-    def results(request: dict[str, Any]) -> list[ToolResult]:
+    def results(request: dict[str, Any], names: dict[Any, str]) -> list[ToolResult]:
         messages = request.get("messages") or []
-        names = {
-            tc.get("id"): (tc.get("function") or tc).get("name")
-            for m in messages
-            for tc in m.get("tool_calls") or []
-        }
+        for m in messages:
+            names.update(_tool_calls(m))
         out = []
         for m in messages:
             if m.get("role") != "tool":
                 continue
             text = _text_of(m.get("content"))
             name = m.get("name") or names.get(m.get("tool_call_id")) or "unknown"
-            out.append(ToolResult(name, text, _record_failed(text)))
+            # "[tool error]" is how our proxy renders an Anthropic `is_error: true` result.
+            flagged = text.startswith("[tool error]") or _record_failed(text)
+            out.append(ToolResult(name, text, flagged))
         return out
 
     @staticmethod
@@ -216,6 +247,28 @@ class _Chat:
         return choices[0].get("message") or {}
 
 
+class _Captured(_Chat):
+    """Our capture proxy's chat form, any dialect: `response.message`, delta `request.messages`."""
+
+    @staticmethod
+    def calls(response: dict[str, Any]) -> list[tuple[Any, str]]:
+        return _tool_calls(response.get("message") or {})
+
+    @staticmethod
+    def reply(response: dict[str, Any]) -> list[Message]:
+        message = response.get("message")
+        return [dict(message)] if isinstance(message, dict) else []
+
+
+def _tool_calls(message: dict[str, Any]) -> list[tuple[Any, str]]:
+    """(id, name) of each tool call in a chat assistant message."""
+    return [
+        (tc.get("id"), str((tc.get("function") or tc).get("name") or "unknown"))
+        for tc in message.get("tool_calls") or []
+        if isinstance(tc, dict)
+    ]
+
+
 class _Responses:
     """OpenAI Responses: Codex (function_call, custom_tool_call, local_shell_call items)."""
 
@@ -235,21 +288,21 @@ class _Responses:
         return [item for item in value or [] if isinstance(item, dict)]
 
     @staticmethod
-    def calls(response: dict[str, Any]) -> list[str]:
+    def calls(response: dict[str, Any]) -> list[tuple[Any, str]]:
         return [
-            _Responses._call_name(item)
+            (item.get("call_id"), _Responses._call_name(item))
             for item in _Responses._items(response.get("output"))
             if item.get("type") in _Responses._CALLS
         ]
 
     @staticmethod
-    def results(request: dict[str, Any]) -> list[ToolResult]:
+    def results(request: dict[str, Any], names: dict[Any, str]) -> list[ToolResult]:
         items = _Responses._items(request.get("input"))
-        names = {
-            item.get("call_id"): _Responses._call_name(item)
+        names.update(
+            (item.get("call_id"), _Responses._call_name(item))
             for item in items
             if item.get("type") in _Responses._CALLS
-        }
+        )
         out = []
         for item in items:
             if item.get("type") not in _Responses._OUTPUTS:
@@ -327,22 +380,22 @@ class _Messages:
         return [b for b in content or [] if isinstance(b, dict)]
 
     @staticmethod
-    def calls(response: dict[str, Any]) -> list[str]:
+    def calls(response: dict[str, Any]) -> list[tuple[Any, str]]:
         return [
-            str(b.get("name") or "unknown")
+            (b.get("id"), str(b.get("name") or "unknown"))
             for b in _Messages._blocks(response.get("content"))
             if b.get("type") == "tool_use"
         ]
 
     @staticmethod
-    def results(request: dict[str, Any]) -> list[ToolResult]:
+    def results(request: dict[str, Any], names: dict[Any, str]) -> list[ToolResult]:
         messages = request.get("messages") or []
-        names = {
-            b.get("id"): b.get("name")
+        names.update(
+            (b.get("id"), str(b.get("name") or "unknown"))
             for m in messages
             for b in _Messages._blocks(m.get("content"))
             if b.get("type") == "tool_use"
-        }
+        )
         return [
             ToolResult(
                 names.get(b.get("tool_use_id")) or "unknown",
@@ -404,4 +457,9 @@ class _Messages:
         return out
 
 
-_READERS: dict[str, Any] = {"chat": _Chat, "responses": _Responses, "messages": _Messages}
+_READERS: dict[str, Any] = {
+    "captured": _Captured,
+    "chat": _Chat,
+    "responses": _Responses,
+    "messages": _Messages,
+}
