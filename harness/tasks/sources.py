@@ -5,7 +5,7 @@ One spec string names a source (what `--tasks` takes):
     bundled                       harness/tasks/bundled/
     ./my-tasks  or  /abs/dir      a folder of task dirs (or one task dir)
     registry:terminal-bench@2.0   a Harbor registry dataset, via Harbor's registry client
-    terminal-bench@2.0            the same, when no such path exists
+    terminal-bench@2.0            the same, when no such path exists (org/name@ref too)
     hf:org/repo[@rev][:subdir]    an HF dataset repo of task dirs, via huggingface_hub
 
 Downloads go through the libraries' own clients and caches (Harbor's task cache, the HF hub
@@ -157,7 +157,7 @@ def load_source(spec: str | Path, **kwargs: Any) -> list[HarborTask]:
     path = Path(text).expanduser()
     if path.exists():
         return load_folder(path)
-    if "@" in text and "/" not in text.split("@")[0]:
+    if "@" in text:  # name@version or org/name@ref: Harbor's registry client parses both
         return load_registry(text, **kwargs)
     raise TaskNotFoundError(
         f"task source {text!r} is neither an existing folder nor a known form: use a folder, "
