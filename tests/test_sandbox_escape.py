@@ -364,3 +364,19 @@ async def test_kill_processes_ends_agent_leftovers_before_grading(sandbox: Bwrap
     assert _host_pids_with("sleep 9876.5") == []
     await _sh(sandbox, "rm -f /logs/verifier/reward.txt; sleep 0.3")
     assert (await _sh(sandbox, "ls /logs/verifier"))[1] == ""
+
+
+async def test_filling_the_memory_cap_kills_the_writer_not_the_sandbox() -> None:
+    # The private root is tmpfs (RAM charged to the sandbox's memory cgroup): a runaway write
+    # must end in the writer's OOM kill while the supervisor, and so the verifier, survive.
+    box = BwrapSandbox(SandboxSpec(limits=SandboxLimits(memory_mb=64)), name="oomfill")
+    await box.start()
+    try:
+        if "memory" not in box.enforced_limits:
+            pytest.skip(f"no writable memory cgroup here; in force: {box.enforced_limits}")
+        _, out, _ = await _sh(box, "head -c 100000000 /dev/zero > /app/fill; echo rc=$?")
+        survivor = await _sh(box, "rm -f /app/fill && echo grading still works")
+    finally:
+        await box.stop()
+    assert "rc=137" in out
+    assert survivor[1] == "grading still works\n"
