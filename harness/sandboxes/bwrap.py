@@ -34,8 +34,12 @@ What is covered
 - Environment: every command starts from a clean environment (BASE_ENV + the task's and
   caller's variables). Nothing from the host process's environment passes.
 - Limits: per-command wall time (process group SIGKILLed), file size, open files, core dumps
-  off, process count (a pids cgroup where writable; RLIMIT_NPROC otherwise), memory
-  (cgroup v1 only, from [environment].memory_mb).
+  off, process count (a pids cgroup where writable; RLIMIT_NPROC otherwise), memory (a
+  memory cgroup where writable: [environment].memory_mb, else 4 GiB). Commands run with
+  oom_score_adj 1000, so an OOM kills them, not the supervisor.
+- Integrity of grading: commands inherit no descriptor but stdio, cannot ptrace or read the
+  supervisor (it is non-dumpable) and cannot signal it (it is the namespace's pid 1), so they
+  cannot forge a command's result or the verifier's files in transit.
 - Teardown: stop() kills the sandbox's pid 1, so the kernel kills every process in it, then
   removes the relays, the cgroup and the private dir. `delete=False` still removes it.
 
@@ -45,8 +49,12 @@ What is not covered
 - Identity: the sandbox's uid 0 maps to the host uid. On a root host it can read root-only
   files under /usr and what is bound (only /etc's are masked). `user=` on exec is ignored.
 - Process cap on a root host without a writable pids cgroup (RLIMIT_NPROC does not bind root).
-- CPU shares and disk quota: no CPU limit, and the private dir can fill the host's disk up to
-  RLIMIT_FSIZE per file.
+- CPU shares and disk quota: no CPU limit. The private root is on /dev/shm by default, so
+  what the agent writes is RAM charged to its memory cgroup; a root filled to the cap leaves
+  no room for the verifier (a verifier failure). Without a memory cgroup (non-root host) only
+  RLIMIT_FSIZE per file bounds it. HARNESS_SANDBOX_DIR moves it to a disk.
+- An agent may lower its own oom_score_adj back to 0 and so make the supervisor an OOM
+  candidate again: that ends its own rollout (an infra failure), it does not escape.
 - Images: the "image" is the host's /usr. Dockerfile RUN steps run offline on it; a task that
   needs packages the host lacks fails (use a remote backend, see expose.py).
 - Host-side symlinks in ro_binds are followed when binding (bwrap resolves the source).
