@@ -383,3 +383,22 @@ async def test_filling_the_memory_cap_kills_the_writer_not_the_sandbox() -> None
         await box.stop()
     assert "rc=137" in out
     assert alive and answered.return_code in (0, 137)
+
+
+async def test_the_forwarded_port_also_answers_on_localhost_and_ipv6_loopback(
+    http_server: str,
+) -> None:
+    # Node resolves "localhost" to ::1 first; an agent given a localhost URL must still work.
+    box = BwrapSandbox(SandboxSpec(forward=url_forward(http_server)), name="v6")
+    await box.start()
+    port = http_server.rsplit(":", 1)[1]
+    try:
+        _, out, err = await _sh(
+            box,
+            f"node -e \"fetch('http://localhost:{port}/').then(r => r.text())"
+            f".then(t => console.log(t))\"; python3 -c \"import urllib.request as u; "
+            f"print(u.urlopen('http://[::1]:{port}/').read().decode())\"",
+        )
+    finally:
+        await box.stop()
+    assert out.splitlines() == ["proxy says hi", "proxy says hi"], err

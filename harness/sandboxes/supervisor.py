@@ -498,13 +498,25 @@ def main():
     _register(ctl.fileno(), _IN, "ctl", ctl)
     listeners = []
     for port, unix_path in (config.get("forward") or {}).items():
-        listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-        listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", int(port)))
-        listener.listen(128)
-        listener.setblocking(False)
-        listeners.append(listener)
-        _register(listener.fileno(), _IN, "fwd", (listener, unix_path))
+        # 127.0.0.1 always; ::1 too where the namespace has IPv6, since Node resolves
+        # "localhost" to ::1 first.
+        for family, address, required in (
+            (_socket.AF_INET, "127.0.0.1", True),
+            (_socket.AF_INET6, "::1", False),
+        ):
+            listener = _socket.socket(family, _socket.SOCK_STREAM)
+            try:
+                listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+                listener.bind((address, int(port)))
+            except OSError:
+                listener.close()
+                if required:
+                    raise
+                continue
+            listener.listen(128)
+            listener.setblocking(False)
+            listeners.append(listener)
+            _register(listener.fileno(), _IN, "fwd", (listener, unix_path))
     os.chdir("/")
     sys.stdout.write("ready\n")
     sys.stdout.flush()
