@@ -1,0 +1,159 @@
+"""`AsyncGRPOConfig`: every knob of the async GRPO trainer, typed, with one `validate()`.
+
+Why one flat dataclass: the trainer has about thirty knobs, and a reader should see all of them
+with their defaults in one screen (nanochat's "no giant config objects", torchtune's "airtight
+configs": only fields the trainer reads). Names follow TRL's GRPOConfig where the idea is the
+same (`num_generations`, `learning_rate`, `max_steps`, `epsilon`, `beta`) so TRL users feel at
+home; the fields TRL lacks (IS cap, staleness rule, token budget) say so in their comment.
+
+`validate()` returns every problem at once (torchtune's ConfigError): a run that would fail on
+its fifth field should say so before a model loads, not after four restarts. The trainer calls
+`check()` in `__init__`, before it touches the model or the session factory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from trainer.errors import ConfigError
+
+__all__ = ["AsyncGRPOConfig", "LOSS_TYPES", "LOSS_NORMS", "REPORT_TO", "STALENESS_RULES"]
+
+LOSS_TYPES = ("tis_clip", "tis_pg")
+LOSS_NORMS = ("token", "sequence")
+STALENESS_RULES = ("correct", "drop")
+REPORT_TO = ("none", "jsonl", "trackio", "wandb")
+
+
+@dataclass
+class AsyncGRPOConfig:
+    """All trainer settings. See `trainer/loss.py` for what the loss options mean."""
+
+    # --- rollouts -----------------------------------------------------------------------------
+    num_generations: int = 8  # rollouts per group (one task, one seed)
+    groups_per_step: int = 1  # groups consumed by one optimizer step
+    max_concurrent_rollouts: int = 8  # rollouts in flight at once (the trainer's own bound)
+    vllm_server_base_url: str | None = None  # engine the agents talk to (for logs; sync uses it)
+    temperature: float = 1.0  # sampling temperature, also used to score tokens in the loss
+    max_tokens: int | None = 4096  # per-call completion cap enforced by the capture proxy
+    # --- optimisation -------------------------------------------------------------------------
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0  # linear warmup, then constant
+    max_grad_norm: float | None = 1.0  # None: no clipping (grad norm is still logged)
+    max_steps: int = 100  # trainer steps; each consumes `groups_per_step` groups
+    seed: int = 0
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+    # --- loss ---------------------------------------------------------------------------------
+    loss_type: Literal["tis_clip", "tis_pg"] = "tis_clip"
+    loss_norm: Literal["token", "sequence"] = "token"
+    epsilon: float = 0.2  # lower clip: ratio below 1 - epsilon stops pushing a negative token
+    epsilon_high: float | None = 0.28  # upper clip (DAPO clip-higher); None: same as epsilon
+    is_cap: float = 2.0  # TIS cap C on pi_theta / mu (TRL has no such correction)
+    scale_rewards: bool = True  # divide group-centred rewards by the group std
+    beta: float = 0.0  # k3 KL coefficient to the initial (reference) policy; 0 = no ref model
+    # --- async / staleness --------------------------------------------------------------------
+    max_staleness: int = 1  # versions a token may lag the policy it trains (TRL: per group only)
+    staleness_rule: Literal["correct", "drop"] = "correct"  # for tokens older than the bound
+    # --- packing ------------------------------------------------------------------------------
+    max_tokens_per_microbatch: int = 8192  # padding-free token budget of one forward
+    # --- outputs ------------------------------------------------------------------------------
+    output_dir: str = "outputs/grpo"
+    save_steps: int = 0  # checkpoint every N steps (0: only at the end)
+    save_total_limit: int | None = 2  # checkpoints kept on disk
+    logging_steps: int = 1
+    report_to: Literal["none", "jsonl", "trackio", "wandb"] = "jsonl"
+    run_name: str | None = None
+    project: str = "harness"
+    resume_from_checkpoint: str | bool | None = None  # path, or True for output_dir's latest
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form, logged with the run config
+
+    # -------------------------------------------------------------------------------------------
+    def sampling(self) -> dict[str, float | int]:
+        """The policy the trainer trains: OpenEnv's `training_sampling` shape plus `max_tokens`.
+
+        Everything but temperature is pinned to its no-op so the engine samples the full
+        distribution the loss assumes; the capture proxy enforces it on every agent call.
+        """
+        policy: dict[str, float | int] = {
+            "temperature": float(self.temperature),
+            "top_p": 1.0,
+            "top_k": -1,
+            "min_p": 0.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "repetition_penalty": 1.0,
+        }
+        if self.max_tokens is not None:
+            policy["max_tokens"] = int(self.max_tokens)
+        return policy
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def validate(self) -> list[str]:
+        """Every problem with this config, each naming the field and the fix; [] when valid."""
+        p: list[str] = []
+
+        def positive_int(name: str, minimum: int = 1) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                p.append(f"{name}={value!r}: must be an integer >= {minimum}")
+
+        for name in ("groups_per_step", "max_concurrent_rollouts", "max_steps", "logging_steps"):
+            positive_int(name)
+        if isinstance(self.num_generations, bool) or not isinstance(self.num_generations, int) \
+                or self.num_generations < 2:
+            p.append(f"num_generations={self.num_generations!r}: must be an integer >= 2 "
+                     "(a group-relative baseline needs at least 2 rollouts of one task)")
+        positive_int("max_tokens_per_microbatch", 16)
+        positive_int("max_staleness", 0)
+        positive_int("save_steps", 0)
+        positive_int("warmup_steps", 0)
+        if self.max_tokens is not None:
+            positive_int("max_tokens")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            p.append(f"temperature={self.temperature!r}: must be > 0 (training needs sampling)")
+        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
+            p.append(f"learning_rate={self.learning_rate!r}: must be > 0")
+        if self.weight_decay < 0:
+            p.append(f"weight_decay={self.weight_decay!r}: must be >= 0")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            p.append(f"max_grad_norm={self.max_grad_norm!r}: must be > 0, or None for no clip")
+        if self.loss_type not in LOSS_TYPES:
+            p.append(f"loss_type={self.loss_type!r}: choose one of {LOSS_TYPES}")
+        if self.loss_norm not in LOSS_NORMS:
+            p.append(f"loss_norm={self.loss_norm!r}: choose one of {LOSS_NORMS}")
+        if not 0 < self.epsilon < 1:
+            p.append(f"epsilon={self.epsilon!r}: must be in (0, 1)")
+        if self.epsilon_high is not None and self.epsilon_high <= 0:
+            p.append(f"epsilon_high={self.epsilon_high!r}: must be > 0, or None")
+        upper = 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon)
+        if self.is_cap < upper:
+            p.append(
+                f"is_cap={self.is_cap!r}: must be >= 1 + epsilon_high ({upper:g}); a cap inside "
+                "the clip range would truncate tokens the trust region still trusts"
+            )
+        if self.beta < 0:
+            p.append(f"beta={self.beta!r}: must be >= 0 (0 disables the reference model)")
+        if self.staleness_rule not in STALENESS_RULES:
+            p.append(f"staleness_rule={self.staleness_rule!r}: choose one of {STALENESS_RULES}")
+        if self.report_to not in REPORT_TO:
+            p.append(f"report_to={self.report_to!r}: choose one of {REPORT_TO}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            p.append(f"dtype={self.dtype!r}: choose auto, float32 or bfloat16")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            p.append(f"save_total_limit={self.save_total_limit!r}: must be >= 1, or None")
+        if not self.output_dir:
+            p.append("output_dir is empty: give a directory for checkpoints and metrics")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            p.append(f"adam_betas={self.adam_betas!r}: two numbers in [0, 1)")
+        return p
+
+    def check(self) -> None:
+        """Raise one ConfigError listing every problem; return quietly when valid."""
+        problems = self.validate()
+        if problems:
+            raise ConfigError(problems)

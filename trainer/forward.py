@@ -1,0 +1,46 @@
+"""One packed forward: the policy's logprobs (and entropy) for a micro-batch's targets.
+
+Shared by the training step and by the tests that compare the trainer's logprobs with the
+engine's, so both measure the very same computation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.loss import token_logprobs
+from trainer.packing import MicroBatch, pack_rows
+from trainer.rows import Row
+
+__all__ = ["microbatch_logprobs", "row_logprobs"]
+
+
+def microbatch_logprobs(
+    model: torch.nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logp [K] (with grad when grad is enabled) and entropy [K] | None for mb's targets."""
+    out = model(
+        input_ids=mb.input_ids,  # [1, N]
+        position_ids=mb.position_ids,  # [1, N]  restarts per row -> block-causal attention
+        use_cache=False,  # a cache would disable HF's packed-sequence detection
+        logits_to_keep=mb.logit_index,  # [K]  only positions that predict a target
+    )
+    logits = out.logits[0]  # [K, V]
+    return token_logprobs(logits, mb.target_ids, temperature, with_entropy=with_entropy)
+
+
+@torch.no_grad()
+def row_logprobs(
+    model: torch.nn.Module, rows: list[Row], temperature: float, *, budget: int = 8192
+) -> list[list[float]]:
+    """Per row, the model's logprob of each trainable token, in row order (for checks)."""
+    device = next(model.parameters()).device
+    out: list[list[float]] = []
+    for row in rows:
+        mbs, _ = pack_rows([row], [row.loss_mask], [0.0], budget=max(budget, len(row)))
+        if not mbs:
+            out.append([])
+            continue
+        logp, _ = microbatch_logprobs(model, mbs[0].to(device), temperature, with_entropy=False)
+        out.append(logp.float().cpu().tolist())
+    return out

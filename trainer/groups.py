@@ -1,0 +1,143 @@
+"""A finished group -> rows with advantages, and the counts that say what happened to each rollout.
+
+Order of decisions for one group (all rollouts of one task, one seed):
+
+1. cause: infra_failure / verifier_failure (or a trainable cause with no trace) -> unscorable,
+   counted by cause, out of the baseline;
+2. reward: `score_rollout` (reward functions, else env_reward); a failing reward function ->
+   cause "reward_failure", unscorable; a None reward -> unscorable;
+3. advantages over the scorable rollouts; a group that cannot give a gradient (no/one reward,
+   zero variance) is skipped here, before any row is built or forwarded;
+4. rows for each rollout with an advantage, built from its trace (trainer/rows.py); a malformed
+   trace raises CaptureError and stops the run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.advantages import group_advantages
+from trainer.rewards import ENV_REWARD, RewardFunc, score_rollout
+from trainer.rollouts import TRAINABLE_CAUSES
+from trainer.rows import Row, trace_to_rows
+
+__all__ = ["PreparedGroup", "group_metrics", "prepare_group"]
+
+
+@dataclass
+class PreparedGroup:
+    """What one group gives a step: rows, the advantage of each row, and counts."""
+
+    group_index: int
+    rows: list[Row] = field(default_factory=list)
+    row_advantages: list[float] = field(default_factory=list)
+    causes: Counter[str] = field(default_factory=Counter)  # per rollout
+    skipped: str | None = None
+    rewards: list[float | None] = field(default_factory=list)  # per rollout (None: unscorable)
+    reward_parts: dict[str, list[float]] = field(default_factory=dict)
+    env_rewards: list[float] = field(default_factory=list)
+    tool_calls: list[int] = field(default_factory=list)
+    tool_failures: list[int] = field(default_factory=list)
+    findings: Counter[str] = field(default_factory=Counter)
+    reward_failures: list[str] = field(default_factory=list)
+    sampled_tokens: int = 0
+    timed_out: int = 0
+
+
+def prepare_group(
+    results: list[Any],
+    *,
+    group_index: int,
+    reward_funcs: list[RewardFunc],
+    scale_rewards: bool,
+    dispatch_version: int,
+) -> PreparedGroup:
+    """Score, baseline and row-ify one group's rollout results (harness RolloutResult-like)."""
+    g = PreparedGroup(group_index=group_index)
+    for r in results:
+        cause = getattr(r, "cause", "infra_failure")
+        trace = getattr(r, "trace", None)
+        outcome = getattr(r, "outcome", None)
+        env = getattr(r, "env_reward", None)
+        if env is None and outcome is not None:
+            env = getattr(outcome, "env_reward", None)
+        if outcome is not None:
+            g.tool_calls.append(int(getattr(outcome, "tool_call_count", 0) or 0))
+            g.tool_failures.append(int(getattr(outcome, "tool_failure_count", 0) or 0))
+            g.timed_out += bool(getattr(outcome, "timed_out", False))
+        if cause in TRAINABLE_CAUSES and trace is None:
+            cause = "no_trace"
+        if cause not in TRAINABLE_CAUSES:
+            g.causes[cause] += 1
+            g.rewards.append(None)
+            continue
+        if env is not None:
+            g.env_rewards.append(float(env))
+        scored = score_rollout(outcome, env, reward_funcs)
+        for name, value in scored.parts.items():
+            if value is not None:
+                g.reward_parts.setdefault(name, []).append(value)
+        if scored.failure is not None:
+            g.causes["reward_failure"] += 1
+            g.reward_failures.append(scored.failure)
+            g.rewards.append(None)
+            continue
+        g.causes[cause] += 1
+        if scored.total is None:
+            g.causes["unscorable"] += 1
+        g.rewards.append(scored.total)
+    adv = group_advantages(g.rewards, scale_rewards=scale_rewards)
+    g.skipped = adv.skipped
+    if adv.skipped is not None:
+        return g
+    for r, a in zip(results, adv.advantages, strict=True):
+        if a is None:
+            continue
+        rid = str(getattr(r, "episode_id", None) or id(r))
+        rows, report = trace_to_rows(r.trace, rollout_id=rid, group_index=group_index,
+                                     dispatch_version=dispatch_version)
+        g.findings.update(report.counts())
+        g.sampled_tokens += report.sampled_tokens
+        g.rows.extend(rows)
+        g.row_advantages.extend([a] * len(rows))
+    return g
+
+
+def group_metrics(groups: list[PreparedGroup], reward_names: list[str]) -> dict[str, float]:
+    """The seed's metric names plus counts by cause; means over rollouts of these groups."""
+    m: dict[str, float] = {}
+    causes: Counter[str] = Counter()
+    findings: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    rewards, env, calls, fails = [], [], [], []
+    parts: dict[str, list[float]] = {}
+    for g in groups:
+        causes.update(g.causes)
+        findings.update(g.findings)
+        if g.skipped:
+            skipped[g.skipped] += 1
+        rewards += [r for r in g.rewards if r is not None]
+        env += g.env_rewards
+        calls += g.tool_calls
+        fails += g.tool_failures
+        for k, v in g.reward_parts.items():
+            parts.setdefault(k, []).extend(v)
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    m["reward/mean"] = mean(rewards)
+    m["reward/scored"] = float(len(rewards))
+    for name in reward_names or [ENV_REWARD]:
+        m[f"rewards/{name}/mean"] = mean(parts.get(name, []))
+    if reward_names:
+        m["rollout/correctness_mean"] = mean(env)
+    m["tools/call_frequency"] = mean(calls)
+    m["tools/failure_frequency"] = sum(fails) / sum(calls) if sum(calls) else 0.0
+    for cause, n in causes.items():
+        m[f"rollouts/cause/{cause}"] = float(n)
+    for reason, n in skipped.items():
+        m[f"groups/skipped/{reason}"] = float(n)
+    m["groups/used"] = float(sum(1 for g in groups if not g.skipped))
+    for code, n in findings.items():
+        m[f"rows/findings/{code}"] = float(n)
+    return m

@@ -1,0 +1,186 @@
+"""The async GRPO step, written out in order. Read this file top to bottom to know what happens.
+
+Our GRPO in five lines (the maths is in trainer/loss.py, numbered):
+1. Advantages are group-relative over the scored rollouts of one task, (r - mean) / (std + eps),
+   std optional; a `None` reward leaves the baseline and is never trained (inventing a 0 would
+   pull the group's baseline down), infra/verifier/reward failures likewise, all counted.
+2. The ratio is taken against the behaviour logprobs mu the engine returned when it sampled, and
+   truncated at `is_cap` (TIS, per token): one correction for train/inference mismatch AND
+   staleness. Then the PPO clip (1 - eps, 1 + eps_high).
+3. Staleness is bounded in policy versions: the producer admits group g only while
+   g // groups_per_step <= steps_done + max_staleness; at consumption every trainable token's
+   version (capture metadata) is checked and tokens over the bound are corrected or dropped
+   (`staleness_rule`), and counted.
+4. A group is released only when all its rollouts have finished, so fast rollouts cannot bias
+   the baseline; groups are consumed in index order, so the data position is one integer.
+5. One optimizer update per step (all micro-batches accumulate), then weights go to the engine
+   and the version to the capture proxy.
+
+Timeline (max_staleness=1, groups_per_step=1, G = group, v = policy version):
+
+    rollouts  |--G0 (v0)--|--G1 (v0)---|       |--G2 (v1)--|         |--G3 (v2)-- ...
+              ^dispatch   ^released whole      ^G2 admitted when step 0 is done (2 <= 0+1+1)
+    trainer               [step 0: G0 ]sync v1 [step 1: G1 ]sync v2  [step 2: G2 ]
+                           ^staleness checked: per token, v_now - weight_version_start
+    engine    v0 ......................| v1 ................| v2 ..................
+              ^ each engine call stamps weight_version_start/end into the capture (the version
+                the proxy was told at the last sync); a call across a sync straddles two versions
+
+Commands:
+    CPU, one process:   python -m harness.train ...   (or HarnessAsyncGRPOTrainer(...).train())
+    CPU, two processes: torchrun --nproc-per-node 2 your_script.py   (gloo, FSDP2)
+    GPU, 8 processes:   torchrun --nproc-per-node 8 your_script.py   (nccl, FSDP2)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.distributed import FullModelView, broadcast_object, full_state_dict
+from trainer.forward import microbatch_logprobs
+from trainer.groups import PreparedGroup
+from trainer.loss import STAT_KEYS, policy_loss
+from trainer.packing import MicroBatch, pack_rows
+from trainer.rows import Row
+from trainer.staleness import apply_staleness
+
+__all__ = ["StepInput", "run_step"]
+
+
+@dataclass
+class StepInput:
+    """What rank 0 broadcasts to every rank for one step (None ends the run)."""
+
+    rows: list[Row] = field(default_factory=list)
+    advantages: list[float] = field(default_factory=list)  # one per row
+    sync: bool = False  # push weights after the update (every rank enters the gather)
+    save: bool = False  # checkpoint after the step (every rank enters the gathers)
+
+
+def step_input_from_groups(groups: list[PreparedGroup], *, sync: bool, save: bool) -> StepInput:
+    inp = StepInput(sync=sync, save=save)
+    for g in groups:
+        inp.rows.extend(g.rows)
+        inp.advantages.extend(g.row_advantages)
+    return inp
+
+
+def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
+    """One trainer step on every rank. Returns the step's metrics (None when told to stop)."""
+    args, dist_info, state = trainer.args, trainer.dist, trainer.state
+    t_start = time.perf_counter()
+
+    # 1. Every rank gets rank 0's rows.
+    inp = broadcast_object(inp, dist_info)
+    if inp is None:
+        return None
+
+    # 2. Staleness, per trainable token, against the version about to be updated.
+    masks, stale = apply_staleness(inp.rows, state.policy_version, args.max_staleness,
+                                   args.staleness_rule)
+
+    # 3. Pack padding-free micro-batches; this rank takes every world_size-th one, and ranks
+    #    are padded to the same count with zero-weight micro-batches (FSDP needs lock-step).
+    mbs, pack = pack_rows(inp.rows, masks, inp.advantages, budget=args.max_tokens_per_microbatch,
+                          norm=args.loss_norm)
+    mine: list[MicroBatch] = mbs[dist_info.rank::dist_info.world_size]
+    per_rank = math.ceil(len(mbs) / dist_info.world_size)
+    mine += [MicroBatch.empty() for _ in range(per_rank - len(mine))]
+    metrics: dict[str, float] = {**stale.metrics(), **pack.metrics()}
+    t_prepared = time.perf_counter()
+
+    # 4. Forward/backward every micro-batch, accumulating gradients and stat sums.
+    t_compute = 0.0
+    sums = dict.fromkeys(STAT_KEYS, 0.0)
+    loss_total = 0.0
+    if pack.trainable_tokens > 0:
+        trainer.model.train()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        for mb in mine:
+            t0 = time.perf_counter()
+            mb = mb.to(dist_info.device)
+            logp, entropy = microbatch_logprobs(trainer.model, mb, args.temperature)  # [K], [K]
+            ref_logp = None
+            if args.beta > 0:
+                with torch.no_grad():
+                    ref_logp, _ = microbatch_logprobs(trainer.ref_model, mb, args.temperature,
+                                                      with_entropy=False)  # [K]
+            loss, stats = policy_loss(
+                logp, mb.behaviour_logprobs, mb.advantages, mb.token_weight,
+                loss_type=args.loss_type, epsilon=args.epsilon, epsilon_high=args.epsilon_high,
+                is_cap=args.is_cap, beta=args.beta, ref_logp=ref_logp, entropy=entropy,
+            )
+            loss.backward()
+            t_compute += time.perf_counter() - t0
+            loss_total += float(loss.detach())
+            for k, v in stats.items():
+                sums[k] += v
+
+        # 5. Add the ranks' sums up, clip, and take ONE optimizer step: version v -> v + 1.
+        if dist_info.distributed:
+            packed = torch.tensor([loss_total, *sums.values()], dtype=torch.float64)
+            dist.all_reduce(packed)
+            loss_total, *vals = packed.tolist()
+            sums = dict(zip(STAT_KEYS, vals, strict=True))
+        t0 = time.perf_counter()
+        max_norm = args.max_grad_norm if args.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        t_optim = time.perf_counter() - t0
+        state.policy_version += 1
+        metrics["grad_norm"] = float(grad_norm)
+        metrics["steps/empty"] = 0.0
+    else:
+        # Nothing trainable (every group skipped or every token dropped): no update, same version.
+        t_optim = 0.0
+        metrics["steps/empty"] = 1.0
+    state.step += 1
+
+    # 6. Weights to the engine (gathered to rank 0 under FSDP), then the version to the proxy.
+    t0 = time.perf_counter()
+    if inp.sync and pack.trainable_tokens > 0:
+        if dist_info.distributed:
+            full = full_state_dict(trainer.model, dist_info)
+            if dist_info.is_main:
+                trainer.weight_sync.push(FullModelView(full, trainer.model), state.policy_version)
+        else:
+            trainer.weight_sync.push(trainer.model, state.policy_version)
+    if dist_info.is_main and trainer.on_version is not None and pack.trainable_tokens > 0:
+        trainer.on_version(state.policy_version)
+    t_sync = time.perf_counter() - t0
+
+    n = max(sums["tokens"], 1.0)
+    t_total = time.perf_counter() - t_start
+    metrics.update({
+        "loss": loss_total,
+        "policy/ratio_mean": sums["ratio"] / n,
+        "policy/clip_low_frac": sums["clip_low"] / n,
+        "policy/clip_high_frac": sums["clip_high"] / n,
+        "policy/clip_frac": (sums["clip_low"] + sums["clip_high"]) / n,
+        "policy/truncated_frac": sums["truncated"] / n,
+        "policy/kl_behaviour_k3": sums["kl_behaviour"] / n,
+        "policy/abs_logp_diff": sums["abs_logp_diff"] / n,
+        "policy/entropy": sums["entropy"] / n,
+        "lr": trainer.scheduler.get_last_lr()[0],
+        "version": float(state.policy_version),
+        "checkpoint": float(inp.save),
+        "time/prepare_s": t_prepared - t_start,
+        "time/forward_backward_s": t_compute,
+        "time/optimizer_s": t_optim,
+        "time/weight_sync_s": t_sync,
+        "time/step_s": t_total,
+        "time/overhead_frac": max(t_total - t_compute - t_optim - t_sync, 0.0) / max(t_total, 1e-9),
+    })
+    if args.beta > 0:
+        metrics["policy/kl_ref_k3"] = sums["kl_ref"] / n
+    return metrics

@@ -1,0 +1,178 @@
+"""Padding-free packing of rows into micro-batches under a token budget.
+
+Rows are concatenated into one sequence per micro-batch (batch dimension 1) and `position_ids`
+restart at 0 for each row. HF transformers (>= 4.56; 5.x here) detects the restarts when
+`attention_mask` is None and no cache is used, and builds a block-causal mask for sdpa/eager
+(`masking_utils.find_packed_sequence_indices`), or passes varlen boundaries to flash attention.
+So no row ever attends to another and no pad token is forwarded. tests/test_trainer_packing.py
+checks packed logprobs equal per-row logprobs on the tiny model.
+
+Only the positions that predict a trainable token are projected to the vocabulary
+(`logits_to_keep=<index tensor>`): a 150k vocabulary times 8k positions is ~5 GB of fp32
+logits, of which agent traces train a few percent.
+
+Packing is first-fit decreasing: longest rows first, each into the first micro-batch with room.
+A row longer than the budget gets a micro-batch of its own (splitting it would cut attention),
+and is counted (`packing/over_budget_rows`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.rows import Row
+
+__all__ = ["MicroBatch", "PackStats", "pack_rows"]
+
+
+@dataclass
+class MicroBatch:
+    """One forward's worth of packed rows. N = tokens forwarded, K = trainable targets.
+
+    input_ids          [1, N] long     rows concatenated, no padding
+    position_ids       [1, N] long     0..len(row)-1 per row (row boundaries for attention)
+    logit_index        [K]    long     position whose logits predict each target (target - 1)
+    target_ids         [K]    long     the sampled token ids that train
+    behaviour_logprobs [K]    float32  engine processed logprobs of those tokens (mu)
+    advantages         [K]    float32  the rollout's group-relative advantage, per token
+    token_weight       [K]    float32  loss normalisation weight (sums to 1 over the step)
+    n_rows, n_tokens   int             rows and tokens in this micro-batch
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    logit_index: torch.Tensor
+    target_ids: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    token_weight: torch.Tensor
+    n_rows: int
+    n_tokens: int
+
+    @property
+    def n_targets(self) -> int:
+        return int(self.target_ids.numel())
+
+    @classmethod
+    def empty(cls) -> MicroBatch:
+        """A one-token, zero-weight micro-batch: keeps FSDP ranks in lock-step, adds no gradient."""
+        one = torch.zeros(1, dtype=torch.long)
+        return cls(
+            input_ids=one.view(1, 1),
+            position_ids=one.view(1, 1),
+            logit_index=one,  # [1] position 0 ...
+            target_ids=one,
+            behaviour_logprobs=torch.zeros(1),
+            advantages=torch.zeros(1),
+            token_weight=torch.zeros(1),  # ... with weight 0: no gradient, no stats
+            n_rows=0,
+            n_tokens=1,
+        )
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        fields = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+                  for k, v in self.__dict__.items()}
+        return MicroBatch(**fields)
+
+
+@dataclass
+class PackStats:
+    rows_packed: int = 0
+    rows_context_only: int = 0  # no trainable token left: not forwarded, tokens still usage
+    over_budget_rows: int = 0
+    tokens_forwarded: int = 0
+    trainable_tokens: int = 0
+    microbatches: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "packing/rows": float(self.rows_packed),
+            "packing/rows_context_only": float(self.rows_context_only),
+            "packing/over_budget_rows": float(self.over_budget_rows),
+            "packing/microbatches": float(self.microbatches),
+            "tokens/forwarded": float(self.tokens_forwarded),
+            "tokens/trained": float(self.trainable_tokens),
+            "packing/fill": self.tokens_forwarded / max(self.microbatches, 1),
+        }
+
+
+def pack_rows(
+    rows: list[Row],
+    masks: list[list[int]],
+    advantages: list[float],
+    *,
+    budget: int,
+    norm: str = "token",
+) -> tuple[list[MicroBatch], PackStats]:
+    """Pack rows (with their effective masks and advantages) into micro-batches.
+
+    `norm` sets `token_weight` so that summing weight * per-token loss over ALL micro-batches of
+    the step gives the step's loss: "token" = mean over every trainable token of the step;
+    "sequence" = mean over rows of each row's token mean (GRPO's original per-sample mean).
+    """
+    stats = PackStats()
+    live = []
+    for row, mask, adv in zip(rows, masks, advantages, strict=True):
+        n = sum(mask)
+        if n == 0:
+            stats.rows_context_only += 1
+            continue
+        live.append((row, mask, adv, n))
+    total_tokens = sum(n for *_, n in live)
+    total_rows = len(live)
+    bins: list[list[tuple]] = []
+    room: list[int] = []
+    for item in sorted(live, key=lambda it: len(it[0]), reverse=True):
+        size = len(item[0])
+        if size > budget:
+            stats.over_budget_rows += 1
+            bins.append([item])
+            room.append(0)
+            continue
+        for b, free in enumerate(room):
+            if size <= free:
+                bins[b].append(item)
+                room[b] -= size
+                break
+        else:
+            bins.append([item])
+            room.append(budget - size)
+    out = []
+    for items in bins:
+        ids: list[int] = []
+        pos: list[int] = []
+        index: list[int] = []
+        targets: list[int] = []
+        blp: list[float] = []
+        adv_t: list[float] = []
+        weight: list[float] = []
+        for row, mask, adv, n in items:
+            offset = len(ids)
+            ids.extend(row.input_ids)
+            pos.extend(range(len(row)))
+            w = 1.0 / total_tokens if norm == "token" else 1.0 / (n * total_rows)
+            for j, m in enumerate(mask):
+                if m:  # j >= 1: position 0 of a row is prompt context (validated in rows.py)
+                    index.append(offset + j - 1)
+                    targets.append(row.input_ids[j])
+                    blp.append(row.behaviour_logprobs[j])
+            adv_t.extend([adv] * n)
+            weight.extend([w] * n)
+        stats.rows_packed += len(items)
+        stats.tokens_forwarded += len(ids)
+        stats.trainable_tokens += len(targets)
+        out.append(MicroBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long).view(1, -1),  # [1, N]
+            position_ids=torch.tensor(pos, dtype=torch.long).view(1, -1),  # [1, N]
+            logit_index=torch.tensor(index, dtype=torch.long),  # [K]
+            target_ids=torch.tensor(targets, dtype=torch.long),  # [K]
+            behaviour_logprobs=torch.tensor(blp, dtype=torch.float32),  # [K]
+            advantages=torch.tensor(adv_t, dtype=torch.float32),  # [K]
+            token_weight=torch.tensor(weight, dtype=torch.float32),  # [K]
+            n_rows=len(items),
+            n_tokens=len(ids),
+        ))
+    stats.microbatches = len(out)
+    return out, stats

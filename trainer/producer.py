@@ -1,0 +1,152 @@
+"""The rollout producer: groups dispatched ahead of the trainer, released whole and in order.
+
+    group g = num_generations rollouts of one task, all with seed=g (task split[g % len(split)])
+
+Three rules, each against a known failure:
+
+1. A group is released only when ALL its rollouts have finished (ok or not). Releasing the first
+   k to finish would bias the baseline toward fast rollouts, which on agent tasks are the ones
+   that gave up or crashed early; the mean would then be computed over the "quick" half only.
+   A group waits for its slowest rollout; the trainer overlaps that wait with other groups.
+2. Groups are released in index order, so step s always trains groups
+   [s * groups_per_step, (s + 1) * groups_per_step): the data position is a single integer, and a
+   resumed run sees the same tasks in the same steps as an uninterrupted one.
+3. Admission bounds staleness: group g is dispatched only once
+   g // groups_per_step <= steps_done + max_staleness, i.e. at most `max_staleness` steps
+   ahead of the trainer (max_staleness=0 is synchronous, on-policy GRPO).
+
+`max_concurrent_rollouts` bounds rollouts in flight (the session factory may bound them too).
+An exception escaping `source.rollout` that is a CaptureError stops the run (re-raised from
+`next_group`); any other is a bug in the source, recorded as an infra_failure with its error
+and logged with its traceback, never swallowed silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.errors import CaptureError
+from trainer.rollouts import Rollout
+
+__all__ = ["FinishedGroup", "RolloutProducer"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FinishedGroup:
+    index: int
+    results: list[Any]  # RolloutResult-like, one per generation, in generation order
+    dispatch_version: int  # trainer policy version when the group was dispatched
+    dispatched_at: float
+    finished_at: float = field(default_factory=time.monotonic)
+
+
+class RolloutProducer:
+    def __init__(
+        self,
+        source: Any,
+        *,
+        num_generations: int,
+        groups_per_step: int,
+        max_staleness: int,
+        max_concurrent_rollouts: int,
+        start_group: int,
+        version: Callable[[], int],
+        train_dataset: Sequence[Any] | None = None,
+    ):
+        self.source = source
+        self.num_generations = num_generations
+        self.groups_per_step = groups_per_step
+        self.max_staleness = max_staleness
+        self.version = version
+        self.train_dataset = train_dataset
+        self.next_dispatch = start_group
+        self.next_release = start_group
+        self._steps_done = start_group // groups_per_step
+        self._slots = asyncio.Semaphore(max_concurrent_rollouts)
+        self._done: dict[int, FinishedGroup] = {}
+        self._changed = asyncio.Condition()
+        self._tasks: set[asyncio.Task] = set()
+        self._error: BaseException | None = None
+        self._runner: asyncio.Task | None = None
+        self.in_flight = 0
+
+    # -- control ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._runner = asyncio.create_task(self._dispatch_forever(), name="rollout-producer")
+
+    async def step_done(self, steps_done: int) -> None:
+        """The trainer finished a step: admit the groups that are now within the bound."""
+        async with self._changed:
+            self._steps_done = steps_done
+            self._changed.notify_all()
+
+    async def stop(self) -> None:
+        for t in [self._runner, *self._tasks]:
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(*(t for t in [self._runner, *self._tasks] if t is not None),
+                             return_exceptions=True)
+
+    async def next_group(self) -> FinishedGroup:
+        """The next group in index order, once all its rollouts have finished."""
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self._error is not None or self.next_release in self._done)
+            if self._error is not None:
+                raise self._error
+            group = self._done.pop(self.next_release)
+            self.next_release += 1
+            return group
+
+    # -- internals -------------------------------------------------------------------------------
+    def _admissible(self) -> bool:
+        return self.next_dispatch // self.groups_per_step <= self._steps_done + self.max_staleness
+
+    async def _dispatch_forever(self) -> None:
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(self._admissible)
+            g = self.next_dispatch
+            self.next_dispatch += 1
+            task = asyncio.create_task(self._run_group(g), name=f"group-{g}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run_group(self, g: int) -> None:
+        version, t0 = self.version(), time.monotonic()
+        task = None
+        if self.train_dataset is not None:
+            task = self.train_dataset[g % len(self.train_dataset)]
+        results = await asyncio.gather(*(self._one(g, k, task) for k in range(self.num_generations)),
+                                       return_exceptions=True)
+        async with self._changed:
+            for r in results:
+                # A CaptureError (or anything _one did not turn into a Rollout) stops the run.
+                if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
+                    self._error = r
+            self._done[g] = FinishedGroup(g, list(results), version, t0)
+            self._changed.notify_all()
+
+    async def _one(self, g: int, k: int, task: Any) -> Any:
+        episode = f"g{g}-r{k}-{uuid.uuid4().hex[:8]}"
+        async with self._slots:
+            self.in_flight += 1
+            try:
+                return await self.source.rollout(task=task, seed=g, episode_id=episode)
+            except CaptureError:
+                raise
+            except Exception as exc:  # a source bug: counted as infra, logged loudly
+                log.error("rollout source raised for %s (counted as infra_failure)", episode,
+                          exc_info=True)
+                return Rollout(cause="infra_failure", seed=g, episode_id=episode,
+                               error=f"source raised {exc!r}")
+            finally:
+                self.in_flight -= 1

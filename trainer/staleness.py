@@ -1,0 +1,80 @@
+"""Staleness: how many policy versions a token lags the policy it trains, and the rule for it.
+
+    staleness(token) = policy_version_now - version_start(token)
+
+`version_start` is the engine's weight version when the sampling call began (capture metadata),
+so a turn that straddled an update counts from its older half. Two mechanisms bound it:
+
+1. Admission (in the producer, trainer/loop.py): group g is dispatched only while
+   g // groups_per_step <= steps_done + max_staleness, so with a weight sync that keeps up no
+   token can be consumed more than `max_staleness` versions after it was sampled.
+2. This check, at consumption: the engine's real version can lag the trainer's (no weight sync,
+   a slow sync, a resumed run on an old engine), and the capture's stamp is the truth. Trainable
+   tokens older than the bound follow `staleness_rule`:
+     "correct"  train them; the truncated IS weight min(pi_theta/mu, C) corrects them (loss.py)
+     "drop"     mask them to context (mask 0); the row still gives them as context
+   Either way they are counted (`staleness/over_bound_tokens`), never silently trained.
+
+Tokens within the bound always train with the same IS correction: staleness and train/inference
+mismatch are one off-policy gap to the trainer, both measured against the behaviour logprobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.rows import Row
+
+__all__ = ["StalenessStats", "apply_staleness"]
+
+
+@dataclass
+class StalenessStats:
+    trainable_tokens: int = 0
+    stale_tokens: int = 0  # staleness >= 1 (IS-corrected)
+    over_bound_tokens: int = 0  # staleness > max_staleness
+    dropped_tokens: int = 0  # over bound and dropped by rule "drop"
+    staleness_sum: int = 0
+    staleness_max: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        n = max(self.trainable_tokens, 1)
+        return {
+            "staleness/mean": self.staleness_sum / n,
+            "staleness/max": float(self.staleness_max),
+            "staleness/stale_token_frac": self.stale_tokens / n,
+            "staleness/over_bound_tokens": float(self.over_bound_tokens),
+            "staleness/dropped_tokens": float(self.dropped_tokens),
+        }
+
+
+def apply_staleness(
+    rows: list[Row], policy_version: int, max_staleness: int, rule: str
+) -> tuple[list[list[int]], StalenessStats]:
+    """Per row, the loss mask to train with after the staleness rule; plus counts.
+
+    Returns new mask lists only where "drop" changed something (rows are never mutated).
+    """
+    stats = StalenessStats()
+    masks: list[list[int]] = []
+    for row in rows:
+        mask = row.loss_mask
+        changed: list[int] | None = None
+        for i, (m, v) in enumerate(zip(row.loss_mask, row.version_start, strict=True)):
+            if not m:
+                continue
+            s = max(policy_version - v, 0)
+            stats.trainable_tokens += 1
+            stats.staleness_sum += s
+            stats.staleness_max = max(stats.staleness_max, s)
+            if s >= 1:
+                stats.stale_tokens += 1
+            if s > max_staleness:
+                stats.over_bound_tokens += 1
+                if rule == "drop":
+                    if changed is None:
+                        changed = list(mask)
+                    changed[i] = 0
+                    stats.dropped_tokens += 1
+        masks.append(changed if changed is not None else mask)
+    return masks, stats
