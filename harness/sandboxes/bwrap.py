@@ -23,7 +23,8 @@ What is covered
 - Namespaces: user, pid, net, ipc, uts, cgroup unshared (`bwrap --unshare-all`), all
   capabilities dropped, no_new_privs, new session; `--die-with-parent` kills it if we die.
 - Filesystem: the host shows only as read-only /usr and /etc (non-world-readable /etc files
-  masked) plus the read-only binds asked for; `/` is a private writable dir, deleted at stop.
+  masked) plus the read-only binds asked for; `/` is a private tmpfs capped at
+  [environment].storage_mb (else 2 GiB, at most half the memory cap), gone at stop.
   The repo, $HOME, /work, /tmp of the host are not visible.
 - Tests: the task's tests/ is never bound; Harbor's verifier uploads it to /tests at verify
   time, after the agent ran, replacing (not merging into) anything the agent put there. The
@@ -49,10 +50,8 @@ What is not covered
 - Identity: the sandbox's uid 0 maps to the host uid. On a root host it can read root-only
   files under /usr and what is bound (only /etc's are masked). `user=` on exec is ignored.
 - Process cap on a root host without a writable pids cgroup (RLIMIT_NPROC does not bind root).
-- CPU shares and disk quota: no CPU limit. The private root is on /dev/shm by default, so
-  what the agent writes is RAM charged to its memory cgroup; a root filled to the cap leaves
-  no room for the verifier (a verifier failure). Without a memory cgroup (non-root host) only
-  RLIMIT_FSIZE per file bounds it. HARNESS_SANDBOX_DIR moves it to a disk.
+- CPU shares: no CPU limit. Disk: the private root is RAM (tmpfs), so a task that needs many
+  GiB of scratch space needs storage_mb and the RAM to back it.
 - An agent may lower its own oom_score_adj back to 0 and so make the supervisor an OOM
   candidate again: that ends its own rollout (an infra failure), it does not escape.
 - Images: the "image" is the host's /usr. Dockerfile RUN steps run offline on it; a task that
@@ -148,8 +147,8 @@ class BwrapEnvironment(BaseEnvironment):
         return self.task_env_config.workdir or self._recipe.workdir or DEFAULT_WORKDIR
 
     async def start(self, force_build: bool) -> None:
-        # Copies up to the first RUN are seeded before start (plain host copies, no agent yet);
-        # the rest of the recipe runs in order inside the started sandbox.
+        # Copies up to the first RUN go in as the sandbox's seed (copied in by start()); the
+        # rest of the recipe runs in order inside the started sandbox.
         steps = list(self._recipe.steps)
         seed: dict[str, Path] = {}
         while steps and isinstance(steps[0], CopyStep):
@@ -160,7 +159,7 @@ class BwrapEnvironment(BaseEnvironment):
             ro_binds=self._ro_binds,
             forward=self._forward,
             env={**self._recipe.env, **self._persistent_env},
-            limits=self._with_task_memory(self._limits),
+            limits=self._with_task_resources(self._limits),
             seed=seed,
         )
         self.sandbox = BwrapSandbox(spec, name=self.session_id, base_dir=self._base_dir)
@@ -173,10 +172,13 @@ class BwrapEnvironment(BaseEnvironment):
             await self.sandbox.stop()
             raise
 
-    def _with_task_memory(self, limits: SandboxLimits) -> SandboxLimits:
-        """The task's (or Harbor's override of its) memory_mb replaces the default cap."""
-        memory = self._effective_memory_mb
-        return replace(limits, memory_mb=memory) if memory else limits
+    def _with_task_resources(self, limits: SandboxLimits) -> SandboxLimits:
+        """The task's (or Harbor's override of its) memory_mb and storage_mb replace the caps."""
+        if self._effective_memory_mb:
+            limits = replace(limits, memory_mb=self._effective_memory_mb)
+        if self._effective_storage_mb:
+            limits = replace(limits, disk_mb=self._effective_storage_mb)
+        return limits
 
     async def _apply_step(self, step: CopyStep | RunStep) -> None:
         assert self.sandbox is not None

@@ -51,6 +51,15 @@ class SandboxLimits:
     # replaces it (BwrapEnvironment).
     memory_mb: int | None = 4096
     default_exec_timeout_s: float | None = None  # used when exec() gets no timeout
+    # Size of the private root (a tmpfs: RAM). A task's [environment].storage_mb replaces it.
+    # With a memory cap it is held to half of it, so a full root leaves room to grade.
+    disk_mb: int = 2048
+
+    def root_size_bytes(self) -> int:
+        disk = self.disk_mb
+        if self.memory_mb:
+            disk = min(disk, max(64, self.memory_mb // 2))
+        return disk << 20
 
     def rlimits(self) -> dict[str, int]:
         """The rlimits the supervisor sets on itself (and so on every command)."""

@@ -1,9 +1,10 @@
 """The filesystem a local sandbox sees, written out as a bubblewrap command line.
 
-One decision: the sandbox's `/` is a private, writable host directory (deleted at stop), and the
-host shows through only as read-only binds on top of it:
+One decision: the sandbox's `/` is a private, writable tmpfs of bwrap's own (size-capped, gone
+with the sandbox's mount namespace at stop), and the host shows through only as read-only binds
+on top of it:
 
-    /                 private dir (writable): /app or the task's WORKDIR, /tmp, /logs, /root,
+    /                 private tmpfs (writable): /app or the task's WORKDIR, /tmp, /logs, /root,
                       and whatever Harbor uploads later (/tests at verify time, /solution, ...)
     /usr, /etc        host, read-only; /etc files that are not world-readable are masked
     /bin /lib ...     symlinks into /usr, as on a merged-/usr host (bound when they are real dirs)
@@ -13,7 +14,11 @@ host shows through only as read-only binds on top of it:
 
 Why not `--ro-bind / /`: DESIGN.md section 5 measured that with `/` read-only bubblewrap cannot
 create Harbor's mount points (/app, /tests, /logs); building the root from binds of /usr and /etc
-on a writable private dir can, and it ran a Harbor task's solve.sh and test.sh.
+on a writable private root can, and it ran a Harbor task's solve.sh and test.sh. Why a tmpfs
+and not a host dir bound at `/` (the first design): tmpfs pages are charged to the sandbox's
+memory cgroup, and measured here an agent filling an uncapped root brought the cgroup to its
+limit, where any allocation, the supervisor's included, OOM-killed the sandbox. A capped tmpfs
+turns that into ENOSPC for the writer. It also needs no host-side delete at stop.
 
 Why the masks: the sandbox runs as uid 0 of a user namespace that maps to the host uid, so on a
 root host it can read root-only files in what is bound. /etc's non-world-readable files (shadow,
@@ -62,7 +67,8 @@ def masked_etc_files() -> tuple[str, ...]:
 
 def bwrap_argv(
     *,
-    root_dir: Path,
+    root_size_bytes: int,
+    dirs: list[str],
     net_dir: Path | None,
     ro_binds: Mapping[str, str],
     hostname: str,
@@ -87,10 +93,15 @@ def bwrap_argv(
         "/root",
         "--hostname",
         hostname,
-        "--bind",
-        str(root_dir),
+        # The private root: a tmpfs of bwrap's own, capped (a full root is ENOSPC for the
+        # writer, never an OOM of the sandbox), gone with the mount namespace at stop.
+        "--size",
+        str(root_size_bytes),
+        "--tmpfs",
         "/",
     ]
+    for path in dirs:
+        argv += ["--perms", "1777" if path == "/tmp" else "0755", "--dir", path]
     for path in _RO_DIRS:
         argv += ["--ro-bind", path, path]
     for path in masked_etc_files():

@@ -7,7 +7,8 @@ standard library: its start-up is most of the sandbox's start-up. Measured with 
 `functools`/`collections`) were ~3/4 of the import time, so it uses `marshal`, `_socket` and
 `select.epoll` directly. Keep it that way (and keep its syntax valid on Python 3.9).
 
-The host starts it as the sandbox's pid 1 (`bwrap --as-pid-1`) and talks to it over one listening
+The host compiles it once with that python3 (local.compiled_supervisor), binds the result
+read-only at /run/harness-supervisor, and starts it as the sandbox's pid 1 (`bwrap --as-pid-1`) and talks to it over one listening
 unix socket whose file descriptor it inherits (the socket's path lives in a host directory the
 sandbox cannot see, so nothing inside can open a second control connection). As pid 1 it is
 immune to signals sent from inside the sandbox (an agent's `kill -9 -1` or `pkill python3`) and
