@@ -11,7 +11,8 @@ that status and body instead of serving it (for /update_weights, before joining 
 as a vLLM worker that rejects the metadata would). `not_configured=True` answers
 /init_weight_transfer_engine with vLLM 0.32's exact error for a server started without
 `--weight-transfer-config`; `dev_mode=False` answers 404 on every route, as vLLM does when
-VLLM_SERVER_DEV_MODE is unset.
+VLLM_SERVER_DEV_MODE is unset. `receive=False` records init and update requests without joining
+any group (for the NCCL path, whose data plane cannot run without GPUs).
 
 What it does not do: serve completions, or apply weights anywhere but its `weights` dict.
 """
@@ -56,8 +57,11 @@ NOT_CONFIGURED_BODY = json.dumps(
 class FakeWeightTransferEngine:
     """An HTTP server on 127.0.0.1 speaking vLLM's weight-transfer routes. Context manager."""
 
-    def __init__(self, *, dev_mode: bool = True, not_configured: bool = False) -> None:
+    def __init__(
+        self, *, dev_mode: bool = True, not_configured: bool = False, receive: bool = True
+    ) -> None:
         self.dev_mode = dev_mode
+        self.receive = receive
         self.not_configured = not_configured
         self.fail: dict[str, tuple[int, str]] = {}
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (path, json body + query)
@@ -110,6 +114,8 @@ class FakeWeightTransferEngine:
             if self.not_configured:
                 return 500, NOT_CONFIGURED_BODY
             info = body["init_info"]
+            if not self.receive:
+                return 200, {"message": "Weight transfer initialized"}
             if self._group is not None:
                 self._group.close()
             self._chunk_bytes = info.get("chunk_bytes", DEFAULT_CHUNK_BYTES)
@@ -126,7 +132,8 @@ class FakeWeightTransferEngine:
         if path == "/start_weight_update":
             return 200, {"message": "Weight update started"}
         if path == "/update_weights":
-            self._receive(body["update_info"])
+            if self.receive:
+                self._receive(body["update_info"])
             return 200, {"message": "Weights updated"}
         if path == "/finish_weight_update":
             self.weight_version = body.get("weight_version", self.weight_version)
