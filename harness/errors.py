@@ -12,7 +12,7 @@ asked anything, so a retry costs no engine time and changes no statistics).
     │   ├── AgentStartError               retryable: the agent exited before its first model call
     │   └── ProxySessionLostError         the proxy forgot the session mid-run (deleted, restarted)
     ├── AgentTimeoutError                 timeout: the agent ran past its limit (also TimeoutError)
-    └── VerifierError                     verifier_failure: the task's verifier gave no usable reward
+    └── VerifierError                     verifier_failure: the verifier gave no usable reward
         └── RewardMissingError            no reward.txt / reward.json, or not the selected key
 
 What this module refuses to do: classify a failure by reading its message. A foreign error

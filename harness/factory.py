@@ -139,18 +139,39 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
     def create(
         self, task: Any = None, seed: int | None = None, episode_id: str | None = None
     ) -> HarborSession:
-        """A started session (sandbox up, agent running) on its own loop thread."""
-        session = self._new_session(task, seed, episode_id)
-        session.start()
-        return session
+        """A started session (sandbox up, agent running) on its own loop thread.
+
+        Infra failures while starting (sandbox, proxy) are retried like `rollout()`'s; the last
+        one is raised. TRL's worker scores a failed create as unscorable."""
+        for attempt in range(1, self.max_attempts + 1):
+            session = self._new_session(task, seed, episode_id)
+            try:
+                session.start()
+                return session
+            except BaseException as exc:
+                session.close()  # also ends the session's loop thread
+                retryable = isinstance(exc, HarnessError) and exc.retryable
+                if not retryable or attempt == self.max_attempts:
+                    raise
+                self.retries += 1
+                time.sleep(self._backoff(attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def a_create(
         self, task: Any = None, seed: int | None = None, episode_id: str | None = None
     ) -> HarborSession:
-        """A started session on the running loop."""
-        session = self._new_session(task, seed, episode_id)
-        await session.a_start()
-        return session
+        """A started session on the running loop (start-up infra failures retried)."""
+        for attempt in range(1, self.max_attempts + 1):
+            session = self._new_session(task, seed, episode_id)
+            try:
+                await session.a_start()
+                return session
+            except HarnessError as exc:
+                if not exc.retryable or attempt == self.max_attempts:
+                    raise
+                self.retries += 1
+                await asyncio.sleep(self._backoff(attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # ---- whole rollouts ----------------------------------------------------------------------
 
@@ -175,7 +196,7 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
                 if not retry:
                     break
                 self.retries += 1
-                delay = self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.8, 1.2)
+                delay = self._backoff(attempt)
                 log.warning(
                     "rollout %s attempt %d: %s; retrying in %.1f s",
                     episode_id,
@@ -192,7 +213,7 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
         return result
 
     def pick_task(self, task: Any = None, seed: int | None = None) -> Any:
-        """The task a rollout runs: `task` if it names one, else split[seed % n], else round-robin."""
+        """The rollout's task: `task` if it names one, else split[seed % n], else round-robin."""
         named = match_task(self.tasks, task) if task is not None else None
         if named is not None:
             return named
@@ -210,6 +231,11 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
     def close(self) -> None:
         """Stop the in-process proxy if this factory started one."""
         self.proxy.close()
+
+    async def aclose(self) -> None:
+        """`close()` plus the running loop's HTTP client to the proxy."""
+        await self.proxy.release_loop()
+        self.close()
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -262,6 +288,10 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
                 log.info("rollout on %s captured nothing trainable: %s", session.task_id, exc)
                 return None
             raise
+
+    def _backoff(self, attempt: int) -> float:
+        """Seconds before attempt + 1: exponential, jittered so retries do not arrive together."""
+        return self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.8, 1.2)
 
     def _semaphore(self) -> asyncio.Semaphore:
         # One semaphore per event loop: an asyncio primitive belongs to the loop it was made on.

@@ -2,7 +2,8 @@
 
 It speaks the admin routes of the cross-room contract (DESIGN.md section 2) with httpx:
 
-    POST   /admin/sessions            {"sampling", "metadata"} -> {"session_id", "secret", "base_urls"}
+    POST   /admin/sessions            {"sampling", "metadata"} -> {"session_id", "secret",
+                                                                    "base_urls"}
     GET    /admin/sessions/{id}/trace  TrainingTrace JSON, or 409 {"reasons": [...]}
     GET    /admin/sessions/{id}/stats  {"n_calls", ...}
     DELETE /admin/sessions/{id}
@@ -88,11 +89,15 @@ class ProxyLink:
         return ProxySession(body["session_id"], body["secret"], dict(body["base_urls"]))
 
     async def training_trace(self, session_id: str) -> TrainingTrace:
-        body = await self._request("GET", f"/admin/sessions/{session_id}/trace", session_id=session_id)
+        body = await self._request(
+            "GET", f"/admin/sessions/{session_id}/trace", session_id=session_id
+        )
         return TrainingTrace.model_validate(body)
 
     async def stats(self, session_id: str) -> dict[str, Any]:
-        return await self._request("GET", f"/admin/sessions/{session_id}/stats", session_id=session_id)
+        return await self._request(
+            "GET", f"/admin/sessions/{session_id}/stats", session_id=session_id
+        )
 
     async def model_calls(self, session_id: str) -> int:
         """Engine calls the agent made in this session (failed ones included)."""

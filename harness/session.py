@@ -30,7 +30,6 @@ import contextlib
 import logging
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -46,9 +45,13 @@ from harness.errors import (
     AgentStartError,
     AgentTimeoutError,
     HarnessError,
+    InfraError,
+    RewardMissingError,
     SandboxStartError,
     VerifierError,
 )
+from harness.outcome import select_reward
+from harness.session_loop import LoopThread, cancel_and_wait, uncancellable
 
 if TYPE_CHECKING:
     from harness.factory import ProxyLink
@@ -58,7 +61,7 @@ __all__ = ["HarborSession", "SandboxBackend", "SandboxRequest", "SessionConfig"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_STOP_GRACE_S = 10.0  # how long stopping the agent task / sandbox may take before we move on
+_SANDBOX_STOP_S = 30.0  # a sandbox stop past this is logged and skipped (close goes on)
 _STEP_POLL_S = 1.0  # how often the step guard asks the proxy for the turn count
 
 
@@ -120,7 +123,7 @@ class HarborSession(ResourceSession):
         self.proxy_session_id: str | None = None
         self.rewards: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: _LoopThread | None = None
+        self._loop_thread: LoopThread | None = None
         self._trial_dir: Path | None = None
         self._env: Any = None
         self._agent: HarnessAgent | None = None
@@ -138,21 +141,25 @@ class HarborSession(ResourceSession):
         return []  # the agent brings its own tools; nothing is called from outside
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
-        raise KeyError(f"Unknown tool: {name} (a HarborSession exposes no tools; its agent owns them)")
+        raise KeyError(
+            f"Unknown tool: {name} (a HarborSession exposes no tools; its agent owns them)"
+        )
 
     # ---- sync twins ------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start on a private loop thread (what the sync `factory.create()` does)."""
         if self._loop is None:
-            self._loop_thread = _LoopThread(f"harness-session-{self._slug}")
+            self._loop_thread = LoopThread(f"harness-session-{self._slug}")
             self._loop = self._loop_thread.loop
         self._sync(self.a_start())
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
         return self._sync(self.a_wait_for_completion(timeout_s))
 
-    def verify(self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None) -> VerifyResult:
+    def verify(
+        self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None
+    ) -> VerifyResult:
         return self._sync(self.a_verify(transcript, final_state))
 
     def fetch_training_trace(self) -> TrainingTrace:
@@ -197,8 +204,12 @@ class HarborSession(ResourceSession):
             t1 = time.monotonic()
             info = await cfg.proxy.create_session(
                 sampling=cfg.sampling,
-                metadata={"task_id": self.task_id, "seed": self.seed, "episode_id": self.episode_id,
-                          "harness": agent.NAME},
+                metadata={
+                    "task_id": self.task_id,
+                    "seed": self.seed,
+                    "episode_id": self.episode_id,
+                    "harness": agent.NAME,
+                },
             )
             self.proxy_session_id = info.session_id
             agent.endpoint_url = cfg.sandbox.agent_url(info.base_urls[agent.DIALECT]).rstrip("/")
@@ -225,21 +236,25 @@ class HarborSession(ResourceSession):
         if not self.config.agent_cls.NATIVE_STEP_LIMIT:
             guard = asyncio.create_task(self._step_guard(task))
         try:
-            await asyncio.wait_for(asyncio.shield(task), timeout=limit)
-        except TimeoutError:
-            self.timed_out = True
-            await _cancel_and_wait(task)
+            # asyncio.wait, not wait_for: it neither cancels the agent nor raises its errors, so
+            # a cancel of *this* call still propagates while the agent's own end is inspected.
+            done, _ = await asyncio.wait({task}, timeout=limit)
+            if not done:
+                self.timed_out = True
+                await cancel_and_wait(task)
         finally:
             if guard is not None:
                 guard.cancel()
-                with contextlib.suppress(BaseException):
-                    await guard
+                await asyncio.wait({guard})
             self.timings["agent_run"] = time.monotonic() - self._agent_started_at
         if self.timed_out:
             raise AgentTimeoutError(
                 f"{self._agent_name()} ran past its {limit:.0f} s limit on task {self.task_id}; "
                 "it was stopped (captured turns are kept). Raise agent_timeout_s to allow more."
             )
+        if task.cancelled():  # the step guard stopped it at max_steps: a normal end of a run
+            self.exit_code = -1
+            return self.exit_code
         exc = task.exception()
         if exc is not None:
             raise exc
@@ -261,11 +276,15 @@ class HarborSession(ResourceSession):
         from harbor.verifier.verifier import Verifier
 
         if self._agent_task is not None and not self._agent_task.done():
-            raise RuntimeError("verify() while the agent still runs: call wait_for_completion() first")
+            raise RuntimeError(
+                "verify() while the agent still runs: call wait_for_completion() first"
+            )
         if self._env is None or self._trial_dir is None:
             raise RuntimeError("verify() on a session that was never started or is closed")
         t0 = time.monotonic()
-        verifier = Verifier(task=self.task, trial_paths=TrialPaths(self._trial_dir), environment=self._env)
+        verifier = Verifier(
+            task=self.task, trial_paths=TrialPaths(self._trial_dir), environment=self._env
+        )
         timeout = self._verifier_timeout()
         try:
             result = await asyncio.wait_for(verifier.verify(), timeout=timeout)
@@ -274,8 +293,6 @@ class HarborSession(ResourceSession):
         except (FileNotFoundError, ValueError) as exc:
             # Harbor: RewardFileNotFoundError (a FileNotFoundError), RewardFileEmptyError and
             # parse errors; all mean "the verifier left no usable reward".
-            from harness.errors import RewardMissingError
-
             raise RewardMissingError(
                 f"verifier of {self.task_id} left no usable reward: {exc}. Its tests/test.sh must "
                 "write /logs/verifier/reward.txt (a number) or reward.json ({key: number})."
@@ -283,16 +300,21 @@ class HarborSession(ResourceSession):
         except HarnessError:
             raise
         except Exception as exc:
-            raise VerifierError(f"verifier of {self.task_id} failed: {type(exc).__name__}: {exc}") from exc
+            raise VerifierError(
+                f"verifier of {self.task_id} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         finally:
             self.timings["verify"] = time.monotonic() - t0
         self.rewards = {k: float(v) for k, v in (result.rewards or {}).items()}
-        env_reward = _select_reward(self.rewards, self.config.reward_key, self.task_id)
+        env_reward = select_reward(self.rewards, self.config.reward_key, self.task_id)
         return VerifyResult(
             env_reward=env_reward,
             done=True,
-            metrics={"rewards": dict(self.rewards), "timed_out": self.timed_out,
-                     "exit_code": self.exit_code},
+            metrics={
+                "rewards": dict(self.rewards),
+                "timed_out": self.timed_out,
+                "exit_code": self.exit_code,
+            },
             artifacts={"task_id": self.task_id, "proxy_session_id": self.proxy_session_id},
         )
 
@@ -310,7 +332,7 @@ class HarborSession(ResourceSession):
         """Release everything; idempotent; finishes even if the caller is cancelled meanwhile."""
         if self._close_task is None:
             self._close_task = asyncio.ensure_future(self._release())
-        await _uncancellable(self._close_task)
+        await uncancellable(self._close_task)
 
     # ---- internals -------------------------------------------------------------------------------
 
@@ -336,7 +358,19 @@ class HarborSession(ResourceSession):
     async def _run_agent(self, agent: HarnessAgent) -> None:
         from harbor.models.agent.context import AgentContext
 
-        await agent.run(self.task.instruction, self._env, AgentContext())
+        from harness.sandboxes.errors import SandboxExecTimeoutError
+
+        try:
+            await agent.run(self.task.instruction, self._env, AgentContext())
+        except SandboxExecTimeoutError as exc:  # the exec's own deadline (a backstop) fired
+            self.timed_out = True
+            raise AgentTimeoutError(f"{agent.NAME} ran past its exec deadline: {exc}") from exc
+        except (HarnessError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise InfraError(
+                f"running {agent.NAME} in the sandbox failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def _step_guard(self, task: asyncio.Task[None]) -> None:
         """For CLIs without a step limit: stop the agent once the proxy saw max_steps turns."""
@@ -344,8 +378,12 @@ class HarborSession(ResourceSession):
             await asyncio.sleep(_STEP_POLL_S)
             with contextlib.suppress(Exception):
                 if await self._model_calls() >= self.config.max_steps:
-                    log.info("%s reached %d steps; stopping it", self._agent_name(), self.config.max_steps)
-                    await _cancel_and_wait(task)
+                    log.info(
+                        "%s reached %d steps; stopping it",
+                        self._agent_name(),
+                        self.config.max_steps,
+                    )
+                    await cancel_and_wait(task)
                     return
 
     async def _model_calls(self) -> int:
@@ -355,10 +393,10 @@ class HarborSession(ResourceSession):
     async def _release(self) -> None:
         t0 = time.monotonic()
         if self._agent_task is not None and not self._agent_task.done():
-            await _cancel_and_wait(self._agent_task)
+            await cancel_and_wait(self._agent_task)
         if self._env is not None:
             try:
-                await asyncio.wait_for(self._env.stop(delete=True), timeout=_STOP_GRACE_S * 3)
+                await asyncio.wait_for(self._env.stop(delete=True), timeout=_SANDBOX_STOP_S)
             except BaseException as exc:  # close must go on to the proxy and the temp dir
                 log.warning("stopping the sandbox of %s failed: %r", self.task_id, exc)
         if self.proxy_session_id is not None:
@@ -368,7 +406,9 @@ class HarborSession(ResourceSession):
                 log.warning("deleting proxy session %s failed: %r", self.proxy_session_id, exc)
         if self._trial_dir is not None:
             shutil.rmtree(self._trial_dir, ignore_errors=True)
-        if self._loop_thread is not None:  # a private loop ends with the session: so does its client
+        if (
+            self._loop_thread is not None
+        ):  # a private loop ends with the session: so does its client
             await self.config.proxy.release_loop()
         self.timings["teardown"] = time.monotonic() - t0
 
@@ -391,77 +431,16 @@ class HarborSession(ResourceSession):
     def _sync(self, coro: Awaitable[T]) -> T:
         loop = self._loop
         if loop is None:
-            raise RuntimeError("session not started: use factory.create() or await factory.a_create()")
+            raise RuntimeError(
+                "session not started: use factory.create() or await factory.a_create()"
+            )
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is loop:
             coro.close()  # type: ignore[attr-defined]
-            raise RuntimeError("sync session method called on the session's own loop; await its a_* twin")
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()  # type: ignore[arg-type]
-
-
-def _select_reward(rewards: dict[str, float], key: str | None, task_id: str) -> float | None:
-    """The reward key to train on: `key` if given, else "reward", else the only key."""
-    from harness.errors import RewardMissingError
-
-    if not rewards:
-        return None
-    if key is not None:
-        if key not in rewards:
-            raise RewardMissingError(
-                f"task {task_id} wrote rewards {sorted(rewards)} but not the selected key {key!r}; "
-                "pick one of those with reward_key="
+            raise RuntimeError(
+                "sync session method called on the session's own loop; await its a_* twin"
             )
-        return rewards[key]
-    if "reward" in rewards:
-        return rewards["reward"]
-    if len(rewards) == 1:
-        return next(iter(rewards.values()))
-    raise RewardMissingError(
-        f"task {task_id} wrote several rewards {sorted(rewards)} and none is named 'reward'; "
-        "choose one with reward_key="
-    )
-
-
-async def _cancel_and_wait(task: asyncio.Future[Any]) -> None:
-    """Cancel a task and wait (bounded, never cancelling anything else) until it has finished."""
-    task.cancel()
-    await asyncio.wait({task}, timeout=_STOP_GRACE_S)
-    if not task.done():
-        log.warning("%r did not stop within %.0f s of its cancel; the sandbox stop kills it", task, _STOP_GRACE_S)
-
-
-async def _uncancellable(fut: asyncio.Future[Any]) -> Any:
-    """Await `fut` to its end even if we are cancelled meanwhile; re-raise the cancel after."""
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(fut)
-            break
-        except asyncio.CancelledError:
-            if fut.done():
-                if fut.cancelled():
-                    raise
-                result = fut.result()
-                break
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
-
-
-class _LoopThread:
-    """A private event loop on a daemon thread, for sessions driven through the sync API."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=_STOP_GRACE_S)
-        if not self._thread.is_alive():
-            self.loop.close()
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()  # type: ignore[arg-type]

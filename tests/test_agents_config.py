@@ -22,8 +22,15 @@ HOME = "/root"
 
 
 def _agent(cls: type[HarnessAgent], **kwargs) -> HarnessAgent:
-    agent = cls(Path("/tmp/unused-logs"), model_name="tiny", base_url=URL, api_key=SECRET,
-                max_steps=7, timeout_s=60, **kwargs)
+    agent = cls(
+        Path("/tmp/unused-logs"),
+        model_name="tiny",
+        base_url=URL,
+        api_key=SECRET,
+        max_steps=7,
+        timeout_s=60,
+        **kwargs,
+    )
     agent.home = HOME
     return agent
 
@@ -69,7 +76,7 @@ def test_every_path_the_agent_environment_names_is_under_home(name):
 def test_agents_with_a_step_knob_get_the_step_limit(name):
     agent = _agent(AGENTS[name])
     blob = json.dumps([agent.config_files(), agent.command("x")])
-    assert ('"7"' in blob) or ('": 7' in blob) or ("step_limit\\\": 7" in blob)
+    assert ('"7"' in blob) or ('": 7' in blob) or ('step_limit\\": 7' in blob)
 
 
 def test_opencode_provider_is_an_openai_compatible_one_at_the_session_url():
@@ -131,20 +138,31 @@ def test_setup_writes_the_config_into_the_sandbox_home_private_to_the_sandbox(na
     task = Task(BUNDLED_DIR / "hello-file")
     paths = TrialPaths(tmp_path / "trial")
     paths.mkdir()
-    agent = AGENTS[name](tmp_path / "logs", model_name="tiny", base_url=URL, api_key=SECRET,
-                         max_steps=7, timeout_s=60)
-    env = BwrapEnvironment(environment_dir=task.paths.environment_dir, environment_name="t",
-                           session_id=f"cfg-{name}", trial_paths=paths,
-                           task_env_config=task.config.environment,
-                           ro_binds={str(p): str(p) for p in agent.host_paths()})
+    agent = AGENTS[name](
+        tmp_path / "logs",
+        model_name="tiny",
+        base_url=URL,
+        api_key=SECRET,
+        max_steps=7,
+        timeout_s=60,
+    )
+    env = BwrapEnvironment(
+        environment_dir=task.paths.environment_dir,
+        environment_name="t",
+        session_id=f"cfg-{name}",
+        trial_paths=paths,
+        task_env_config=task.config.environment,
+        ro_binds={str(p): str(p) for p in agent.host_paths()},
+    )
 
     async def run() -> tuple[str, str]:
         await env.start(force_build=False)
         try:
             await agent.setup(env)
             relative = next(iter(agent.config_files()))
-            shown = await env.exec(f'stat -c %a "$HOME/{relative}" && cat "$HOME/{relative}"',
-                                   env={"HOME": agent.home})
+            shown = await env.exec(
+                f'stat -c %a "$HOME/{relative}" && cat "$HOME/{relative}"', env={"HOME": agent.home}
+            )
             return agent.home, shown.stdout or ""
         finally:
             await env.stop(delete=True)

@@ -71,9 +71,15 @@ def fake_engine():
 
 
 def make_factory(fake_engine, script: str, split=None, **kwargs) -> HarborSessionFactory:
-    options = dict(split=split or [HELLO], harness=script_agent(script), llm_url=fake_engine.url,
-                   sampling={"temperature": 1.0}, agent_timeout_s=30, max_attempts=3,
-                   backoff_s=0.01)
+    options = dict(
+        split=split or [HELLO],
+        harness=script_agent(script),
+        llm_url=fake_engine.url,
+        sampling={"temperature": 1.0},
+        agent_timeout_s=30,
+        max_attempts=3,
+        backoff_s=0.01,
+    )
     options.update(kwargs)
     return HarborSessionFactory(None, **options)
 
@@ -101,7 +107,9 @@ def test_an_agent_that_solves_the_task_is_ok_with_reward_one_and_a_trace(fake_en
     assert (result.cause, result.env_reward, result.attempts) == ("ok", 1.0, 1)
     assert result.trace is not None and len(result.trace.turns) == 1
     assert result.outcome is not None and result.outcome.env_reward == 1.0
-    assert {"sandbox_start", "agent_start", "agent_run", "verify", "teardown"} <= set(result.timings)
+    assert {"sandbox_start", "agent_start", "agent_run", "verify", "teardown"} <= set(
+        result.timings
+    )
 
 
 def test_an_agent_that_crashes_after_a_model_call_is_a_model_failure_not_retried(fake_engine):
@@ -186,9 +194,13 @@ def test_counts_by_cause_add_up_to_every_rollout_returned(fake_engine):
 
 def test_a_selected_key_of_a_multi_reward_task_becomes_env_reward(fake_engine, tmp_path):
     rewards = {"correct": 1, "style": 0.25}
-    task = task_copy(tmp_path, test_sh=(
-        "#!/bin/bash\nmkdir -p /logs/verifier\n"
-        f"echo '{json.dumps(rewards)}' > /logs/verifier/reward.json\n"))
+    task = task_copy(
+        tmp_path,
+        test_sh=(
+            "#!/bin/bash\nmkdir -p /logs/verifier\n"
+            f"echo '{json.dumps(rewards)}' > /logs/verifier/reward.json\n"
+        ),
+    )
     result = rollout(make_factory(fake_engine, CALL, split=[task], reward_key="style"), seed=0)
     assert result.rewards == {"correct": 1.0, "style": 0.25}
     assert (result.cause, result.env_reward) == ("ok", 0.25)
@@ -235,9 +247,13 @@ def test_no_more_than_max_concurrent_rollouts_run_at_once(fake_engine):
         env.start, env.stop = counted_start, counted_stop
         return env
 
-    factory = make_factory(fake_engine, f"{CALL}; sleep 1", max_concurrent_rollouts=2,
-                           sandbox=SandboxBackend(make=counting, agent_url=local.agent_url),
-                           preinstalled=True)
+    factory = make_factory(
+        fake_engine,
+        f"{CALL}; sleep 1",
+        max_concurrent_rollouts=2,
+        sandbox=SandboxBackend(make=counting, agent_url=local.agent_url),
+        preinstalled=True,
+    )
 
     async def run():
         return await asyncio.gather(*(factory.rollout(seed=0) for _ in range(5)))

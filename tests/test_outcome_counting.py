@@ -38,8 +38,11 @@ def _trace(*turns: dict[str, Any]) -> TrainingTrace:
 
 
 def _call(call_id: str, name: str, args: dict | None = None) -> dict[str, Any]:
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args or {})}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args or {})},
+    }
 
 
 # ---- our capture proxy's chat form ----------------------------------------------------------
@@ -49,25 +52,74 @@ def _captured_bash_session() -> TrainingTrace:
     # turn a: system + user -> two bash calls; turn b (child of a): two results -> one more call;
     # turn c (child of b): its result -> final answer. Plus an aux title call.
     return _trace(
-        _turn("title", {"messages": [{"role": "user", "content": "title?"}], "n_messages": 1},
-              {"message": {"role": "assistant", "content": "A title"}},
-              dialect="chat", aux=True, aux_reason="title", parent_id=None),
-        _turn("a", {"messages": [{"role": "system", "content": "sys"},
-                                 {"role": "user", "content": "fix it"}], "n_messages": 2},
-              {"message": {"role": "assistant", "content": "",
-                           "tool_calls": [_call("c1", "bash"), _call("c2", "bash")]}},
-              dialect="chat", aux=False, parent_id=None),
-        _turn("b", {"messages": [
-                  {"role": "tool", "tool_call_id": "c1", "content": '{"returncode": 0, "output": "ok"}'},
-                  {"role": "tool", "tool_call_id": "c2", "content": '{"returncode": 2, "output": "no"}'},
-              ], "n_messages": 5},
-              {"message": {"role": "assistant", "content": "", "tool_calls": [_call("c3", "edit")]}},
-              dialect="chat", aux=False, parent_id="a"),
-        _turn("c", {"messages": [
-                  {"role": "tool", "tool_call_id": "c3", "content": "Traceback (most recent call last)"},
-              ], "n_messages": 7},
-              {"message": {"role": "assistant", "content": "done"}},
-              dialect="chat", aux=False, parent_id="b"),
+        _turn(
+            "title",
+            {"messages": [{"role": "user", "content": "title?"}], "n_messages": 1},
+            {"message": {"role": "assistant", "content": "A title"}},
+            dialect="chat",
+            aux=True,
+            aux_reason="title",
+            parent_id=None,
+        ),
+        _turn(
+            "a",
+            {
+                "messages": [
+                    {"role": "system", "content": "sys"},
+                    {"role": "user", "content": "fix it"},
+                ],
+                "n_messages": 2,
+            },
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [_call("c1", "bash"), _call("c2", "bash")],
+                }
+            },
+            dialect="chat",
+            aux=False,
+            parent_id=None,
+        ),
+        _turn(
+            "b",
+            {
+                "messages": [
+                    {
+                        "role": "tool",
+                        "tool_call_id": "c1",
+                        "content": '{"returncode": 0, "output": "ok"}',
+                    },
+                    {
+                        "role": "tool",
+                        "tool_call_id": "c2",
+                        "content": '{"returncode": 2, "output": "no"}',
+                    },
+                ],
+                "n_messages": 5,
+            },
+            {"message": {"role": "assistant", "content": "", "tool_calls": [_call("c3", "edit")]}},
+            dialect="chat",
+            aux=False,
+            parent_id="a",
+        ),
+        _turn(
+            "c",
+            {
+                "messages": [
+                    {
+                        "role": "tool",
+                        "tool_call_id": "c3",
+                        "content": "Traceback (most recent call last)",
+                    },
+                ],
+                "n_messages": 7,
+            },
+            {"message": {"role": "assistant", "content": "done"}},
+            dialect="chat",
+            aux=False,
+            parent_id="b",
+        ),
     )
 
 
@@ -78,7 +130,9 @@ def test_the_outcome_has_exactly_trls_field_names_in_trls_order():
     assert spec is not None and spec.origin is not None
     source = Path(spec.origin).parent / "experimental" / "async_grpo" / "openenv_harness.py"
     tree = ast.parse(source.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "HarnessRolloutOutcome")
+    cls = next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "HarnessRolloutOutcome"
+    )
     trl_fields = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
     assert [f.name for f in dataclasses.fields(HarnessRolloutOutcome)] == trl_fields
 
@@ -100,18 +154,44 @@ def test_captured_completion_is_the_full_transcript_rebuilt_through_the_parents(
     outcome = build_outcome(_captured_bash_session(), env_reward=1.0, timed_out=False)
     roles = [m["role"] for m in outcome.completion]
     # a: system, user, assistant; b: tool, tool, assistant; c: tool, assistant("done")
-    assert roles == ["system", "user", "assistant", "tool", "tool", "assistant", "tool", "assistant"]
+    assert roles == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     assert outcome.completion[-1]["content"] == "done"
 
 
 def test_the_proxy_rendering_of_an_anthropic_is_error_counts_as_the_agents_own_failure_record():
     trace = _trace(
-        _turn("a", {"messages": [{"role": "user", "content": "go"}], "n_messages": 1},
-              {"message": {"role": "assistant", "content": "", "tool_calls": [_call("t1", "Bash")]}},
-              dialect="messages", parent_id=None),
-        _turn("b", {"messages": [{"role": "tool", "tool_call_id": "t1",
-                                  "content": "[tool error] permission denied"}], "n_messages": 3},
-              {"message": {"role": "assistant", "content": "ok"}}, dialect="messages", parent_id="a"),
+        _turn(
+            "a",
+            {"messages": [{"role": "user", "content": "go"}], "n_messages": 1},
+            {"message": {"role": "assistant", "content": "", "tool_calls": [_call("t1", "Bash")]}},
+            dialect="messages",
+            parent_id=None,
+        ),
+        _turn(
+            "b",
+            {
+                "messages": [
+                    {
+                        "role": "tool",
+                        "tool_call_id": "t1",
+                        "content": "[tool error] permission denied",
+                    }
+                ],
+                "n_messages": 3,
+            },
+            {"message": {"role": "assistant", "content": "ok"}},
+            dialect="messages",
+            parent_id="a",
+        ),
     )
     outcome = build_outcome(trace, env_reward=None, timed_out=True)
     assert outcome.tool_failure_count == 1
@@ -120,31 +200,67 @@ def test_the_proxy_rendering_of_an_anthropic_is_error_counts_as_the_agents_own_f
 
 def test_a_failure_resent_in_every_later_request_is_counted_once():
     same = {"role": "tool", "tool_call_id": "c1", "content": "command failed"}
-    trace = _trace(*[
-        _turn(f"n{i}", {"messages": [{"role": "assistant", "content": "", "tool_calls": [_call("c1", "bash")]},
-                                     same]},
-              {"choices": [{"message": {"role": "assistant", "content": "again"}}]}, dialect="chat")
-        for i in range(3)
-    ])
+    trace = _trace(
+        *[
+            _turn(
+                f"n{i}",
+                {
+                    "messages": [
+                        {"role": "assistant", "content": "", "tool_calls": [_call("c1", "bash")]},
+                        same,
+                    ]
+                },
+                {"choices": [{"message": {"role": "assistant", "content": "again"}}]},
+                dialect="chat",
+            )
+            for i in range(3)
+        ]
+    )
     assert build_outcome(trace, env_reward=0.0, timed_out=False).tool_failure_count == 1
 
 
 def test_the_same_text_from_two_different_tools_counts_twice():
-    trace = _trace(_turn("a", {"messages": [
-        {"role": "assistant", "content": "", "tool_calls": [_call("c1", "bash"), _call("c2", "python")]},
-        {"role": "tool", "tool_call_id": "c1", "content": "Error: nope"},
-        {"role": "tool", "tool_call_id": "c2", "content": "Error: nope"},
-    ]}, {"choices": [{"message": {"role": "assistant", "content": ""}}]}, dialect="chat"))
+    trace = _trace(
+        _turn(
+            "a",
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [_call("c1", "bash"), _call("c2", "python")],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "Error: nope"},
+                    {"role": "tool", "tool_call_id": "c2", "content": "Error: nope"},
+                ]
+            },
+            {"choices": [{"message": {"role": "assistant", "content": ""}}]},
+            dialect="chat",
+        )
+    )
     assert build_outcome(trace, env_reward=0.0, timed_out=False).tool_failure_count == 2
 
 
 def test_failure_words_match_in_any_case_and_clean_output_does_not_count():
     texts = ["EXCEPTION raised", "Build FAILED", "all good", "exit 0, wrote 3 files"]
-    messages: list[dict] = [{"role": "assistant", "content": "",
-                             "tool_calls": [_call(f"c{i}", "bash") for i in range(len(texts))]}]
-    messages += [{"role": "tool", "tool_call_id": f"c{i}", "content": t} for i, t in enumerate(texts)]
-    trace = _trace(_turn("a", {"messages": messages},
-                         {"choices": [{"message": {"role": "assistant", "content": ""}}]}, dialect="chat"))
+    messages: list[dict] = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [_call(f"c{i}", "bash") for i in range(len(texts))],
+        }
+    ]
+    messages += [
+        {"role": "tool", "tool_call_id": f"c{i}", "content": t} for i, t in enumerate(texts)
+    ]
+    trace = _trace(
+        _turn(
+            "a",
+            {"messages": messages},
+            {"choices": [{"message": {"role": "assistant", "content": ""}}]},
+            dialect="chat",
+        )
+    )
     assert build_outcome(trace, env_reward=0.0, timed_out=False).tool_failure_count == 2
 
 
@@ -152,31 +268,64 @@ def test_failure_words_match_in_any_case_and_clean_output_does_not_count():
 
 
 def test_raw_chat_shape_counts_calls_from_choices_and_builds_the_completion():
-    trace = _trace(_turn("a", {"messages": [{"role": "user", "content": "hi"}]},
-                         {"choices": [{"message": {"role": "assistant", "content": "",
-                                                   "tool_calls": [_call("c1", "bash")]}}]},
-                         dialect="chat"))
+    trace = _trace(
+        _turn(
+            "a",
+            {"messages": [{"role": "user", "content": "hi"}]},
+            {
+                "choices": [
+                    {
+                        "message": {
+                            "role": "assistant",
+                            "content": "",
+                            "tool_calls": [_call("c1", "bash")],
+                        }
+                    }
+                ]
+            },
+            dialect="chat",
+        )
+    )
     outcome = build_outcome(trace, env_reward=0.0, timed_out=False)
     assert outcome.tool_calls_by_name == {"bash": 1}
     assert [m["role"] for m in outcome.completion] == ["user", "assistant"]
 
 
 def test_raw_responses_shape_counts_function_calls_and_failed_outputs():
-    request = {"instructions": "be brief", "input": [
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
-        {"type": "function_call", "call_id": "f1", "name": "exec_command", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "f1",
-         "output": json.dumps({"output": "x", "metadata": {"exit_code": 1}})},
-        {"type": "function_call", "call_id": "f2", "name": "exec_command", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "f2", "output": {"content": "fine", "success": False}},
-        {"type": "custom_tool_call", "call_id": "f3", "name": "apply_patch", "input": "*** Begin"},
-        {"type": "custom_tool_call_output", "call_id": "f3", "output": "Done!"},
-    ]}
-    response = {"output": [{"type": "function_call", "call_id": "f4", "name": "exec_command",
-                            "arguments": "{}"},
-                           {"type": "reasoning", "summary": []}]}
-    outcome = build_outcome(_trace(_turn("a", request, response, dialect="responses")),
-                            env_reward=0.0, timed_out=False)
+    request = {
+        "instructions": "be brief",
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+            {"type": "function_call", "call_id": "f1", "name": "exec_command", "arguments": "{}"},
+            {
+                "type": "function_call_output",
+                "call_id": "f1",
+                "output": json.dumps({"output": "x", "metadata": {"exit_code": 1}}),
+            },
+            {"type": "function_call", "call_id": "f2", "name": "exec_command", "arguments": "{}"},
+            {
+                "type": "function_call_output",
+                "call_id": "f2",
+                "output": {"content": "fine", "success": False},
+            },
+            {
+                "type": "custom_tool_call",
+                "call_id": "f3",
+                "name": "apply_patch",
+                "input": "*** Begin",
+            },
+            {"type": "custom_tool_call_output", "call_id": "f3", "output": "Done!"},
+        ],
+    }
+    response = {
+        "output": [
+            {"type": "function_call", "call_id": "f4", "name": "exec_command", "arguments": "{}"},
+            {"type": "reasoning", "summary": []},
+        ]
+    }
+    outcome = build_outcome(
+        _trace(_turn("a", request, response, dialect="responses")), env_reward=0.0, timed_out=False
+    )
     assert outcome.tool_calls_by_name == {"exec_command": 1}  # calls are counted in responses
     # f1: exit_code 1 (record); f2: success false (record); f3: "Done!" -> 2 failures
     assert outcome.tool_failure_count == 2
@@ -185,20 +334,44 @@ def test_raw_responses_shape_counts_function_calls_and_failed_outputs():
 
 
 def test_raw_messages_shape_trusts_is_error_and_names_results_by_tool_use_id():
-    request = {"system": [{"type": "text", "text": "sys"}], "messages": [
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {}},
-                                          {"type": "tool_use", "id": "t2", "name": "Bash", "input": {}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t1", "content": "file body", "is_error": True},
-            {"type": "tool_result", "tool_use_id": "t2",
-             "content": [{"type": "text", "text": "ok"}]},
-        ]},
-    ]}
-    response = {"content": [{"type": "text", "text": "done"},
-                            {"type": "tool_use", "id": "t3", "name": "Write", "input": {"a": 1}}]}
-    outcome = build_outcome(_trace(_turn("a", request, response, dialect="messages")),
-                            env_reward=1.0, timed_out=False)
+    request = {
+        "system": [{"type": "text", "text": "sys"}],
+        "messages": [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "t1", "name": "Read", "input": {}},
+                    {"type": "tool_use", "id": "t2", "name": "Bash", "input": {}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": "file body",
+                        "is_error": True,
+                    },
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t2",
+                        "content": [{"type": "text", "text": "ok"}],
+                    },
+                ],
+            },
+        ],
+    }
+    response = {
+        "content": [
+            {"type": "text", "text": "done"},
+            {"type": "tool_use", "id": "t3", "name": "Write", "input": {"a": 1}},
+        ]
+    }
+    outcome = build_outcome(
+        _trace(_turn("a", request, response, dialect="messages")), env_reward=1.0, timed_out=False
+    )
     assert outcome.tool_calls_by_name == {"Write": 1}
     assert outcome.tool_failure_count == 1  # t1: is_error although its text is clean
     roles = [m["role"] for m in outcome.completion]

@@ -73,9 +73,11 @@ def test_a_session_driven_through_the_sync_api_from_a_worker_thread_runs_to_a_re
     def worker() -> None:
         session = factory.create({"prompt": "row"}, seed=0, episode_id="ep-1")
         try:
-            box["protocols"] = (isinstance(session, TrainableSession),
-                                isinstance(session, LoopOwningSession),
-                                isinstance(session, ResourceSession))
+            box["protocols"] = (
+                isinstance(session, TrainableSession),
+                isinstance(session, LoopOwningSession),
+                isinstance(session, ResourceSession),
+            )
             box["exit"] = session.wait_for_completion()
             box["trace"] = session.fetch_training_trace()
             box["verify"] = session.verify([])
@@ -141,10 +143,13 @@ def test_a_sync_method_called_on_the_sessions_own_loop_refuses_instead_of_deadlo
         factory.close()
 
 
-def test_cancelling_eight_running_rollouts_leaves_no_process_proxy_session_or_trial_dir(fake_engine):
+def test_cancelling_eight_running_rollouts_leaves_no_process_proxy_session_or_trial_dir(
+    fake_engine,
+):
     marker = f"harness-cancel-{uuid.uuid4().hex}"
-    factory = make_factory(fake_engine, f"{CALL}; sleep 600 # {marker}",
-                           max_concurrent_rollouts=8, agent_timeout_s=600)
+    factory = make_factory(
+        fake_engine, f"{CALL}; sleep 600 # {marker}", max_concurrent_rollouts=8, agent_timeout_s=600
+    )
     before = _trial_dirs()
 
     async def run() -> tuple[int, int]:

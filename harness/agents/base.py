@@ -44,6 +44,7 @@ Dialect = Literal["chat", "responses", "messages"]
 
 # Where HOME goes when the sandbox has none (or an unwritable one): inside the sandbox's /tmp.
 _FALLBACK_HOME = "/tmp/agent-home"
+_EXEC_GRACE_S = 15
 
 
 class HarnessAgent(BaseAgent):
@@ -110,7 +111,7 @@ class HarnessAgent(BaseAgent):
 
     def _init_model_info(self) -> None:
         # Harbor parses "provider/model" through litellm, whose import costs ~22 s here (measured
-        # on the first session of a process). The model is the proxy's served name, nothing to parse.
+        # on the first session of a process). The model is the proxy's served name: no parsing.
         self._parsed_model_provider = None
         self._parsed_model_name = self.model_name
 
@@ -182,7 +183,8 @@ class HarnessAgent(BaseAgent):
         self.result = await environment.exec(
             self.shell_command(instruction),
             env=self.full_env(),
-            timeout_sec=math.ceil(self.timeout_s),
+            # A backstop: the session stops the agent at timeout_s; this fires only if it cannot.
+            timeout_sec=math.ceil(self.timeout_s) + _EXEC_GRACE_S,
         )
         context.metadata = {
             **(context.metadata or {}),

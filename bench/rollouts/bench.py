@@ -1,0 +1,120 @@
+"""Harness overhead per rollout and rollouts per minute at concurrency 1, 4, 8 (measured).
+
+    .venv/bin/python bench/rollouts/bench.py [--agents mini-swe-agent opencode] [--n 8]
+                                             [--concurrency 1 4 8] [--token-delay-ms 0]
+
+The engine is `capture.fake_engine` (instant deterministic replies, vLLM's wire shape), so what is
+left is the harness and the agent CLI itself. Each rollout is a real one: bubblewrap sandbox,
+in-process capture proxy, the real agent CLI on the bundled hello-file task, Harbor's verifier,
+the TrainingTrace fetched, everything torn down. The fake's replies carry no tool call, so
+opencode ends after one step and mini-swe-agent after its step limit (--max-steps).
+
+Per rollout, from `RolloutResult.timings` (seconds):
+    harness  = sandbox_start + agent_start + verify + fetch_trace + teardown   (ours)
+    agent    = agent_run: the CLI from exec to exit (its own start-up, its model calls)
+    ratio    = harness / total    (target: < 20% at concurrency 8)
+Rollouts/minute = n / wall time of the batch. Target for sandbox start + teardown: < 100 ms.
+
+The machine is shared (2 cores here), so the load average is printed next to the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from capture.fake_engine import FakeEngine  # noqa: E402
+from harness.factory import HarborSessionFactory  # noqa: E402
+from harness.tasks import BUNDLED_DIR  # noqa: E402
+
+HARNESS_PHASES = ("sandbox_start", "agent_start", "verify", "fetch_trace", "teardown")
+
+
+def _ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:7.0f} ms" if values else "      - ms"
+
+
+async def _batch(factory: HarborSessionFactory, n: int) -> tuple[float, list]:
+    started = time.monotonic()
+    results = await asyncio.gather(*(factory.rollout(seed=0) for _ in range(n)))
+    return time.monotonic() - started, results
+
+
+def run(agent: str, engine_url: str, n: int, concurrency: int, max_steps: int) -> dict[str, float]:
+    factory = HarborSessionFactory(
+        None,
+        split=[BUNDLED_DIR / "hello-file"],
+        harness=agent,
+        llm_url=engine_url,
+        sampling={"temperature": 1.0},
+        max_steps=max_steps,
+        agent_timeout_s=120,
+        max_concurrent_rollouts=concurrency,
+        max_attempts=1,
+    )
+    try:
+        wall, results = asyncio.run(_batch(factory, n))
+    finally:
+        factory.close()
+    causes = {r.cause for r in results}
+    timings = [r.timings for r in results]
+    harness = [sum(t.get(p, 0.0) for p in HARNESS_PHASES) for t in timings]
+    totals = [t["total"] for t in timings]
+    row = {
+        "per_min": n / wall * 60,
+        "total": statistics.median(totals),
+        "agent": statistics.median(t.get("agent_run", 0.0) for t in timings),
+        "harness": statistics.median(harness),
+        "ratio": sum(harness) / sum(totals),
+        "start_stop": statistics.median(
+            t.get("sandbox_start", 0) + t.get("teardown", 0) for t in timings
+        ),
+    }
+    phases = "  ".join(f"{p} {_ms([t[p] for t in timings if p in t])}" for p in HARNESS_PHASES)
+    print(
+        f"{agent:15s} c={concurrency}  {row['per_min']:6.1f} rollouts/min  "
+        f"total {row['total']:5.2f} s  agent {row['agent']:5.2f} s  harness "
+        f"{row['harness'] * 1000:5.0f} ms  ratio {row['ratio']:5.1%}  causes {sorted(causes)}"
+    )
+    print(f"{'':15s}      {phases}")
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", nargs="+", default=["mini-swe-agent", "opencode"])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 8])
+    parser.add_argument("--n", type=int, default=8, help="rollouts per (agent, concurrency)")
+    parser.add_argument("--max-steps", type=int, default=3)
+    parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    with FakeEngine(token_delay_s=args.token_delay_ms / 1000) as engine:
+        rows = {
+            (a, c): run(a, engine.url, args.n, c, args.max_steps)
+            for a in args.agents
+            for c in args.concurrency
+        }
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    top = max(args.concurrency)
+    for agent in args.agents:
+        row = rows[(agent, top)]
+        verdict = "meets" if row["ratio"] < 0.20 else "misses"
+        print(
+            f"{agent}: harness overhead {row['ratio']:.1%} of rollout wall time at c={top} "
+            f"({verdict} the < 20% target); sandbox start + teardown median "
+            f"{row['start_stop'] * 1000:.0f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
