@@ -1,0 +1,43 @@
+# .venv/bin/python -m pytest tests/test_session_limits.py -q
+"""The session enforces the step limit for a CLI that has no step option (Codex), at the proxy.
+
+Real sandbox and proxy, capture's fake engine, a shell-script agent (see test_factory_causes.py)
+that would make five engine calls if nobody stopped it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from capture.fake_engine import FakeEngine
+from harness.factory import HarborSessionFactory
+from tests.test_factory_causes import CALL, HELLO, script_agent
+
+
+@pytest.fixture(scope="module")
+def fake_engine():
+    with FakeEngine() as engine:
+        yield engine
+
+
+def test_an_agent_without_a_native_step_limit_is_stopped_after_max_steps_engine_calls(
+    fake_engine,
+):
+    agent = script_agent("; ".join([f"{CALL}; sleep 1.5"] * 5), agent_name="no-step-knob")
+    agent.NATIVE_STEP_LIMIT = False
+    factory = HarborSessionFactory(
+        None, split=[HELLO], harness=agent, llm_url=fake_engine.url, max_steps=2,
+        agent_timeout_s=60, max_attempts=1,
+    )
+    try:
+        result = asyncio.run(factory.rollout(seed=0))
+    finally:
+        factory.close()
+    # 5 calls 1.5 s apart would take >= 7.5 s; the guard polls every 1 s and stops the agent
+    # once the proxy counted 2 calls (~1.5-2.5 s in). The identical requests are retries of one
+    # prompt to the proxy's graph, so the trace keeps one turn: count time, not turns.
+    assert result.cause == "model_failure", result.error
+    assert result.trace is not None
+    assert result.timings["agent_run"] < 6.0
