@@ -279,10 +279,8 @@ class Engine:
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
         if process is not None:
             # Children of the API server may outlive it briefly; the group kill catches them.
             with contextlib.suppress(ProcessLookupError):
@@ -306,3 +304,42 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m launchers.engine`: run one engine in the foreground until Ctrl-C or SIGTERM."""
+    import argparse
+
+    from launchers.tiny_model import build_tiny_model
+
+    parser = argparse.ArgumentParser(prog="python -m launchers.engine", description=main.__doc__)
+    parser.add_argument("--model", help="HF model dir or hub id (default: the tiny model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default="tiny")
+    parser.add_argument("--weight-transfer-backend", choices=["nccl", "harness_gloo"],
+                        help="enable weight sync with this backend")
+    parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--log", help="log file (default: a temp file)")
+    args, extra = parser.parse_known_args(argv)
+    engine = Engine(args.model or build_tiny_model(), host=args.host, port=args.port,
+                    served_model_name=args.served_model_name,
+                    weight_transfer_backend=args.weight_transfer_backend,
+                    max_model_len=args.max_model_len, log_path=args.log, extra_args=extra)
+    signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the engine like Ctrl-C does
+    with engine:
+        print(f"engine ready at {engine.url} (log {engine.log_path})", flush=True)
+        try:
+            while engine.running:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,6 +11,7 @@ Run as `python -m launchers.reaper <launcher_pid> <pgid>`; `start_reaper()` does
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,10 +55,8 @@ def start_reaper(pgid: int, launcher_pid: int | None = None) -> subprocess.Popen
 def main(launcher_pid: int, pgid: int) -> None:
     while _group_alive(pgid):
         if not _alive(launcher_pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             return
         time.sleep(POLL_S)
 

@@ -214,6 +214,8 @@ def build_tiny_model(seed: int = 0, root: Path | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / ".complete").exists():
             return target
+        for stale in root.glob("tiny-build-*"):  # left by a builder that was killed mid-build
+            shutil.rmtree(stale, ignore_errors=True)
         # Build in a temp dir and rename: a crash mid-build never leaves a half model in the cache.
         staging = Path(tempfile.mkdtemp(prefix="tiny-build-", dir=root))
         try:

@@ -1,0 +1,110 @@
+"""`python -m harness.eval`: run rollouts without training and print the pass rate per task.
+
+The same services and rollouts as `harness.train` (engine, capture proxy, Harbor sessions, real
+agents, the task verifiers), minus the trainer: every task gets --rollouts-per-task rollouts, and
+the table shows passes / scored rollouts per task and overall, with failures counted by cause.
+So a before/after table is two commands: eval the base model, train, eval the checkpoint
+(`--model <output-dir>/trainer/checkpoint-N/model`).
+
+A rollout "passes" when its env_reward is >= 1.0 (what the bundled verifiers write on success);
+unscored rollouts (infra or verifier failures) are shown apart and left out of the rate, never
+counted as fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.preflight import preflight
+from harness.run_config import RunSettings, SettingsError, build_parser, settings_from_args
+from harness.run_records import RecordingFactory
+from harness.stack import RunStack
+
+__all__ = ["main", "pass_rate_table", "run_eval"]
+
+PASS_THRESHOLD = 1.0
+
+
+def pass_rate_table(records: list[dict]) -> tuple[Table, dict]:
+    """Per-task and overall pass rates from rollout records (see harness.run_records)."""
+    per_task: dict[str, dict[str, int]] = {}
+    for r in records:
+        row = per_task.setdefault(r["task_id"], {"passed": 0, "scored": 0, "unscored": 0})
+        if r["env_reward"] is None:
+            row["unscored"] += 1
+        else:
+            row["scored"] += 1
+            row["passed"] += int(r["env_reward"] >= PASS_THRESHOLD)
+    table = Table(title="Pass rate")
+    for column in ("task", "passed", "scored", "unscored", "pass rate"):
+        table.add_column(column, justify="left" if column == "task" else "right")
+    totals = {"passed": 0, "scored": 0, "unscored": 0}
+    for task, row in sorted(per_task.items()):
+        rate = row["passed"] / row["scored"] if row["scored"] else None
+        table.add_row(task, str(row["passed"]), str(row["scored"]), str(row["unscored"]),
+                      "-" if rate is None else f"{rate:.0%}")
+        for k in totals:
+            totals[k] += row[k]
+    overall = totals["passed"] / totals["scored"] if totals["scored"] else None
+    table.add_row("overall", str(totals["passed"]), str(totals["scored"]), str(totals["unscored"]),
+                  "-" if overall is None else f"{overall:.0%}", style="bold")
+    return table, {"per_task": per_task, "overall_pass_rate": overall, **totals}
+
+
+async def _rollouts(factory: RecordingFactory, n_tasks: int, per_task: int) -> None:
+    # seed k picks task k % n_tasks: one seed per (task, repeat).
+    await asyncio.gather(*(factory.rollout(seed=t) for _ in range(per_task) for t in range(n_tasks)))
+
+
+def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
+    console = console or Console()
+    problems = preflight(settings, train=False)
+    if problems:
+        raise SettingsError(problems)
+    from harness.factory import HarborSessionFactory
+    from harness.tasks import load_tasks
+
+    run_dir = Path(settings.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tasks = load_tasks(settings.tasks, count=settings.task_count)
+    sampling = {"temperature": settings.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                "max_tokens": settings.max_tokens}
+    with RunStack(settings, run_dir, weight_transfer=False) as stack:
+        factory = RecordingFactory(HarborSessionFactory(
+            stack.proxy.url, admin_key=stack.proxy.admin_key, split=tasks, harness=settings.harness,
+            sandbox=settings.sandbox, llm_url=stack.engine_url, model=settings.served_model_name,
+            sampling=sampling, max_concurrent_rollouts=settings.max_concurrent_rollouts,
+            agent_timeout_s=settings.agent_timeout_s, max_steps=settings.max_agent_steps,
+            reward_key=settings.reward_key), run_dir)
+        try:
+            asyncio.run(_rollouts(factory, len(tasks), settings.rollouts_per_task))
+        finally:
+            factory.close()
+    table, summary = pass_rate_table(factory.records)
+    console.print(table)
+    summary["causes"] = {c: sum(r["cause"] == c for r in factory.records)
+                         for c in {r["cause"] for r in factory.records}}
+    (run_dir / "eval_summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser("python -m harness.eval", __doc__.split("\n\n")[0], eval_mode=True)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        run_eval(settings_from_args(parser, argv))
+    except SettingsError as exc:
+        Console(stderr=True).print(f"[bold red]cannot start[/]: {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

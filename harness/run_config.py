@@ -1,0 +1,207 @@
+"""The settings of one `python -m harness.train` / `harness.eval` run: flags, YAML, validation.
+
+One typed dataclass holds every setting a run reads; `--config file.yaml` fills it and flags
+override the file (a flag the user typed always wins; a flag left at its default does not
+overwrite the file). `validate()` returns every problem at once, each naming the flag and the
+fix, and `harness.train` calls it before any process starts: vLLM takes ~25-40 s to start on
+CPU, and a run that would fail on its reward function should say so before that, not after.
+
+What is checked up front (the torchtune "Raises:" list, STYLE.md section 2):
+  - --harness is a registered agent; --sandbox a known backend with what it needs on this host
+  - --tasks loads (folder, "bundled", registry:name@version, hf:org/repo)
+  - --model exists when it is a path; --engine-url answers /health when given
+  - --reward-fn / --reward-funcs import and are callable
+  - a remote --sandbox has a way to reach the proxy (--proxy-public-url or --proxy-tunnel)
+  - --resume has a checkpoint to resume from
+  - the trainer's own config (AsyncGRPOConfig.validate) for train runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "settings_from_args"]
+
+HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
+
+
+class SettingsError(ValueError):
+    """One or more settings are wrong; `.problems` lists each with its fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid run settings:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+@dataclass
+class RunSettings:
+    """Every setting of a train or eval run. Field names match the flags (dashes -> underscores)."""
+
+    harness: str = "mini-swe-agent"
+    model: str | None = None  # None: the tiny default model, built locally
+    tasks: str = "bundled"
+    task_count: int | None = None
+    sandbox: str = "local"
+    engine_url: str | None = None  # None: launch vLLM here
+    engine_port: int | None = None
+    served_model_name: str = "tiny"
+    num_generations: int = 4
+    groups_per_step: int = 1
+    max_concurrent_rollouts: int = 4
+    steps: int = 3
+    learning_rate: float = 1e-4
+    temperature: float = 1.0
+    max_tokens: int = 256  # per engine call, enforced by the capture proxy
+    max_agent_steps: int = 8  # agent turns per rollout
+    agent_timeout_s: float = 180.0
+    output_dir: str = "runs/latest"
+    reward_fn: str | None = None  # pkg.module:function
+    reward_funcs: list[str] = field(default_factory=list)  # name=pkg.module:function[*weight]
+    reward_key: str | None = None
+    resume: bool = False
+    weight_sync: bool = True
+    proxy_public_url: str | None = None
+    proxy_tunnel: str | None = None
+    proxy_host: str = "127.0.0.1"
+    proxy_port: int = 0
+    report_to: str = "jsonl"
+    seed: int = 0
+    rollouts_per_task: int = 2  # eval only
+
+    def trainer_config(self):  # -> AsyncGRPOConfig, imported lazily (torch)
+        from trainer.config import AsyncGRPOConfig
+
+        return AsyncGRPOConfig(
+            num_generations=self.num_generations, groups_per_step=self.groups_per_step,
+            max_concurrent_rollouts=self.max_concurrent_rollouts,
+            vllm_server_base_url=self.engine_url, temperature=self.temperature,
+            max_tokens=self.max_tokens, learning_rate=self.learning_rate, max_steps=self.steps,
+            seed=self.seed, output_dir=str(Path(self.output_dir) / "trainer"),
+            report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
+            save_steps=1,
+        )
+
+
+def load_callable(spec: str) -> Any:
+    """Import `pkg.module:function` (a file path `path/to/file.py:function` works too)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not attr:
+        raise ValueError(f"{spec!r}: expected pkg.module:function")
+    if module_name.endswith(".py"):
+        spec_obj = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+        if spec_obj is None or spec_obj.loader is None:
+            raise ValueError(f"{spec!r}: cannot load {module_name}")
+        module = importlib.util.module_from_spec(spec_obj)
+        spec_obj.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{spec!r}: {module_name} has no callable {attr!r}")
+    return fn
+
+
+def parse_reward_funcs(specs: list[str]) -> list[tuple[str, Any, float]]:
+    """`name=pkg.mod:fn*0.5` -> (name, fn, weight); the name and the weight are optional."""
+    parsed = []
+    for spec in specs:
+        name, _, rest = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        target, _, weight = rest.partition("*")
+        fn = load_callable(target)
+        parsed.append((name or getattr(fn, "__name__", target), fn, float(weight) if weight else 1.0))
+    return parsed
+
+
+def _help(name: str) -> str:
+    return {
+        "harness": f"agent to train: {', '.join(HARNESSES)}",
+        "model": "HF model dir or hub id (default: the tiny model, built locally)",
+        "tasks": "Harbor tasks: 'bundled', a folder, registry:name@version, or hf:org/repo",
+        "task_count": "use only the first N tasks",
+        "sandbox": "where rollouts run: local (bubblewrap), docker, e2b, daytona, modal, podman",
+        "engine_url": "use this running vLLM server instead of launching one",
+        "engine_port": "port for the launched vLLM (default: a free port)",
+        "served_model_name": "model name the engine serves and agents ask for",
+        "num_generations": "rollouts per task per GRPO group",
+        "groups_per_step": "groups consumed by one optimizer step",
+        "max_concurrent_rollouts": "rollouts in flight at once",
+        "steps": "optimizer steps to train",
+        "learning_rate": "AdamW learning rate",
+        "temperature": "sampling temperature (enforced on every agent call)",
+        "max_tokens": "completion token cap per engine call (enforced by the proxy)",
+        "max_agent_steps": "agent turns allowed per rollout",
+        "agent_timeout_s": "seconds an agent may run before the rollout times out",
+        "output_dir": "checkpoints, metrics, traces and outcomes go here",
+        "reward_fn": "rollout_reward_fn as pkg.module:function (or file.py:function)",
+        "reward_funcs": "extra named reward functions: name=pkg.module:function*weight (repeatable)",
+        "reward_key": "which key of a multi-reward reward.json is env_reward",
+        "resume": "resume from the latest checkpoint in --output-dir",
+        "weight_sync": "push new weights into vLLM after each step (--no-weight-sync to skip)",
+        "proxy_public_url": "public URL that remote sandboxes use to reach the capture proxy",
+        "proxy_tunnel": "command that opens a tunnel to the proxy, with {url} (e.g. cloudflared)",
+        "proxy_host": "address the capture proxy binds (0.0.0.0 only behind a public URL you control)",
+        "proxy_port": "port of the capture proxy (0: a free port)",
+        "report_to": "metrics sinks besides the console: none, jsonl, trackio, wandb",
+        "seed": "random seed",
+        "rollouts_per_task": "(eval) rollouts per task",
+    }[name]
+
+
+def build_parser(prog: str, description: str, *, eval_mode: bool = False) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", help="YAML file of settings (flags override it)")
+    defaults = RunSettings()
+    train_only = {"groups_per_step", "steps", "learning_rate", "resume", "weight_sync",
+                  "reward_fn", "reward_funcs", "report_to"}
+    for f in dataclasses.fields(RunSettings):
+        if eval_mode and f.name in train_only:
+            continue
+        if not eval_mode and f.name == "rollouts_per_task":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(defaults, f.name)
+        if f.name == "harness":
+            parser.add_argument(flag, choices=HARNESSES, default=default, help=_help(f.name))
+        elif isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=_help(f.name))
+        elif isinstance(default, list):
+            parser.add_argument(flag, action="append", default=None, help=_help(f.name))
+        else:
+            kind = type(default) if default is not None else (int if f.name in ("task_count", "engine_port") else str)
+            parser.add_argument(flag, type=kind, default=default, help=_help(f.name))
+    return parser
+
+
+def settings_from_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> RunSettings:
+    """Defaults, then the YAML file, then only the flags the user actually typed."""
+    args = parser.parse_args(argv)
+    typed = {k for k, v in vars(args).items() if v != parser.get_default(k)}
+    values: dict[str, Any] = {}
+    known = {f.name for f in dataclasses.fields(RunSettings)}
+    if args.config:
+        path = Path(args.config)
+        if not path.exists():
+            raise SettingsError([f"--config {path}: no such file"])
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise SettingsError([f"--config {path}: expected a mapping of settings"])
+        unknown = sorted(set(k.replace("-", "_") for k in loaded) - known)
+        if unknown:
+            raise SettingsError([f"--config {path}: unknown settings {', '.join(unknown)} "
+                                 f"(known: {', '.join(sorted(known))})"])
+        values.update({k.replace("-", "_"): v for k, v in loaded.items()})
+    for key in typed - {"config"}:
+        values[key] = getattr(args, key)
+    settings = RunSettings(**values)
+    if settings.reward_funcs is None:
+        settings.reward_funcs = []
+    return settings

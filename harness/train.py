@@ -1,0 +1,182 @@
+"""`python -m harness.train`: train a black-box coding agent with async GRPO, end to end.
+
+This is the recipe (torchtune's word): the one place that wires every room, in the order things
+start and stop. Nothing here computes; each step is a component from its own room.
+
+    1. settings      flags + --config YAML, all problems reported at once (harness.preflight)
+    2. services      tiny model (built locally) -> vLLM engine -> capture proxy (harness.stack)
+    3. weight sync   gloo here (vLLM plugin), NCCL on GPUs (trainer.weight_sync)
+    4. rollouts      HarborSessionFactory: Harbor task -> sandbox -> agent -> proxy -> verifier,
+                     every rollout recorded under <output-dir>/rollouts (harness.run_records)
+    5. training      HarnessAsyncGRPOTrainer: rows from traces, group advantages, TIS loss,
+                     checkpoints and metrics under <output-dir>/trainer
+    6. summary       rollouts by cause, reward per step, tokens trained, time per phase
+    7. teardown      every process this command started is stopped, on error and Ctrl-C too
+
+On this machine (2 CPU cores, no GPU) the default, `python -m harness.train --harness
+mini-swe-agent`, trains 3 steps on the bundled tasks with the tiny model in a few minutes. On GPUs
+point --model at a real checkpoint and --engine-url at vLLM (launchers/hf_jobs.py does it all).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from harness.preflight import preflight
+from harness.run_config import (
+    RunSettings,
+    SettingsError,
+    build_parser,
+    load_callable,
+    parse_reward_funcs,
+    settings_from_args,
+)
+from harness.run_records import RecordingFactory, summary_tables
+from harness.stack import RunStack
+
+__all__ = ["main", "run_training"]
+
+log = logging.getLogger("harness.train")
+HARNESS_NAMES = {"opencode": "opencode", "claude-code": "claude-code", "codex": "codex",
+                 "mini-swe-agent": "mini-swe-agent"}
+
+
+def _factory_fn(settings: RunSettings, stack: RunStack, run_dir: Path):
+    """What the trainer calls with its sampling policy: a recording HarborSessionFactory."""
+    from harness.factory import HarborSessionFactory
+    from harness.tasks import load_tasks
+
+    tasks = load_tasks(settings.tasks, count=settings.task_count)
+
+    def make(sampling: dict) -> RecordingFactory:
+        factory = HarborSessionFactory(
+            stack.proxy.url, admin_key=stack.proxy.admin_key, split=tasks,
+            harness=HARNESS_NAMES[settings.harness], sandbox=settings.sandbox,
+            llm_url=stack.engine_url, model=settings.served_model_name, sampling=sampling,
+            max_concurrent_rollouts=settings.max_concurrent_rollouts,
+            agent_timeout_s=settings.agent_timeout_s, max_steps=settings.max_agent_steps,
+            reward_key=settings.reward_key,
+        )
+        return RecordingFactory(factory, run_dir)
+
+    return make
+
+
+def _follow(settings: RunSettings) -> dict:
+    """A torchrun rank other than 0: no services, no rollouts; it steps with rank 0's batches."""
+    from launchers.tiny_model import build_tiny_model
+    from trainer.grpo import HarnessAsyncGRPOTrainer
+
+    model = settings.model or str(build_tiny_model(seed=settings.seed))
+    trainer = HarnessAsyncGRPOTrainer(model=model, harness_session_factory=_no_rollouts,
+                                      args=settings.trainer_config())
+    trainer.train()
+    return {}
+
+
+def _no_rollouts(sampling: dict) -> None:
+    """Followers never run rollouts: rank 0 owns sessions (trainer.grpo)."""
+    return None
+
+
+def run_training(settings: RunSettings, console: Console | None = None) -> dict:
+    """Run a whole training job; returns the summary dict also written to <output-dir>/summary.json."""
+    console = console or Console()
+    if int(os.environ.get("RANK", "0")) != 0:
+        return _follow(settings)
+    problems = preflight(settings, train=True)
+    if problems:
+        raise SettingsError(problems)
+    run_dir = Path(settings.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "settings.json").write_text(json.dumps(vars(settings), indent=1, default=str))
+    timings: dict[str, float] = {}
+    t_run = time.perf_counter()
+
+    from trainer.grpo import HarnessAsyncGRPOTrainer
+    from trainer.rewards import RewardFunc
+    from trainer.weight_sync import VLLMWeightSync
+
+    with RunStack(settings, run_dir, weight_transfer=settings.weight_sync) as stack:
+        timings.update(stack.timings)
+        console.print(f"[bold]engine[/] {stack.engine_url}  [bold]proxy[/] {stack.proxy.url}  "
+                      f"[bold]model[/] {stack.model_path}  [bold]weight sync[/] {stack.backend_reason}")
+        from capture.client import CaptureClient
+
+        capture = CaptureClient(stack.proxy.url, stack.proxy.admin_key)
+        weight_sync = None
+        if stack.weight_backend is not None:
+            weight_sync = VLLMWeightSync(stack.engine_url, stack.weight_backend,
+                                         on_version=capture.set_weight_version)
+        reward_fn = load_callable(settings.reward_fn) if settings.reward_fn else None
+        reward_funcs = [RewardFunc(name, fn, weight)
+                        for name, fn, weight in parse_reward_funcs(settings.reward_funcs or [])]
+        make_factory = _factory_fn(settings, stack, run_dir)
+        made: list[RecordingFactory] = []
+
+        def factory(sampling: dict) -> RecordingFactory:
+            made.append(make_factory(sampling))
+            return made[-1]
+
+        t0 = time.perf_counter()
+        trainer = HarnessAsyncGRPOTrainer(
+            model=str(stack.model_path), harness_session_factory=factory,
+            args=settings.trainer_config(), rollout_reward_fn=reward_fn, reward_funcs=reward_funcs,
+            weight_sync=weight_sync,
+            on_version=None if weight_sync is not None else capture.set_weight_version,
+        )
+        timings["trainer_setup_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            history = trainer.train()
+        finally:
+            timings["training_s"] = time.perf_counter() - t0
+            for f in made:
+                f.close()
+            if weight_sync is not None:
+                weight_sync.close()
+            capture.close()
+    timings["total_s"] = time.perf_counter() - t_run
+    records = [r for f in made for r in f.records]
+    for table in summary_tables(records, history, timings):
+        console.print(table)
+    summary = {
+        "rollouts": len(records),
+        "causes": {c: sum(r["cause"] == c for r in records) for c in {r["cause"] for r in records}},
+        "steps": len(history),
+        "reward_mean_per_step": [m.get("reward/mean") for m in history],
+        "tokens_trained": sum(m.get("tokens/trained", 0.0) for m in history),
+        "timings": timings,
+        "output_dir": str(run_dir),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    console.print(f"[bold green]done[/]: {summary['steps']} steps, {summary['rollouts']} rollouts; "
+                  f"outputs in {run_dir}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser("python -m harness.train", __doc__.split("\n\n")[0])
+    console = Console(stderr=True)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settings_from_args(parser, argv)
+        run_training(settings, Console())
+    except SettingsError as exc:
+        console.print(f"[bold red]cannot start[/]: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every process this run started was stopped[/]")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
