@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import random
 import time
 import uuid
@@ -40,7 +41,7 @@ from openenv.core.harness.rollout import ResourceSessionFactory
 from harness.agents import get_agent
 from harness.errors import CAUSES, AgentTimeoutError, Cause, HarnessError, cause_of
 from harness.outcome import build_outcome
-from harness.proxy_link import ProxyLink
+from harness.proxy_link import ADMIN_KEY_ENV, ProxyLink
 from harness.rollout import RolloutResult
 from harness.session import HarborSession, SandboxBackend, SandboxRequest, SessionConfig
 
@@ -101,11 +102,21 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
             # A HarnessAgent subclass is accepted as is (an agent not in the registry, a fake).
             agent_cls = harness if isinstance(harness, type) else get_agent(harness)
         except KeyError as exc:
-            problems.append(str(exc.args[0]))
+            problems.append(str(exc.args[0]).rstrip("."))
         try:
             self.tasks = resolve_split(split)
         except (ValueError, FileNotFoundError) as exc:
             problems.append(f"split: {exc}")
+        try:
+            backend = sandbox_backend(sandbox)
+        except ValueError as exc:
+            problems.append(f"sandbox: {exc}")
+        if proxy_url is not None and not (admin_key or os.environ.get(ADMIN_KEY_ENV)):
+            problems.append(
+                f"the capture proxy at {proxy_url} needs its admin key "
+                f"(admin_key= or ${ADMIN_KEY_ENV})"
+            )
+        # Every problem at once, before any process (proxy, sandbox) starts.
         if problems:
             raise ValueError("HarborSessionFactory: " + "; ".join(problems))
 
@@ -119,7 +130,7 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
             policy["max_tokens"] = max_tokens
         self.config = SessionConfig(
             agent_cls=agent_cls,
-            sandbox=sandbox_backend(sandbox),
+            sandbox=backend,
             proxy=self.proxy,
             model=model,
             sampling=policy,
@@ -322,6 +333,13 @@ def sandbox_backend(sandbox: Any) -> SandboxBackend:
 
         return SandboxBackend(make=_local_environment, agent_url=sandbox_url)
     if isinstance(sandbox, str):
+        from harbor.models.environment_type import EnvironmentType
+
+        try:
+            EnvironmentType(sandbox)
+        except ValueError:
+            known = ", ".join(["local", *sorted(t.value for t in EnvironmentType)])
+            raise ValueError(f"unknown sandbox {sandbox!r}; known: {known}") from None
         return SandboxBackend(make=lambda request: _harbor_environment(sandbox, request))
     raise ValueError(
         f"sandbox must be 'local', a Harbor environment type or a callable, not {sandbox!r}"

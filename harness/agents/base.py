@@ -150,7 +150,15 @@ class HarnessAgent(BaseAgent):
 
     def shell_command(self, instruction: str) -> str:
         """The exact shell line `run()` executes (stdin closed: these CLIs must not wait on it)."""
-        return f"exec {shlex.join(self.command(instruction))} </dev/null"
+        line = f"exec {shlex.join(self.command(instruction))} </dev/null"
+        if self.preinstalled:
+            return line
+        # Where Harbor's installers put the CLIs: nvm's node (npm -g) and ~/.local/bin (uv, the
+        # Claude installer); the same preamble Harbor's own run commands use.
+        preamble = (
+            '[ -f "$HOME/.nvm/nvm.sh" ] && . "$HOME/.nvm/nvm.sh"; PATH="$HOME/.local/bin:$PATH"'
+        )
+        return f"{preamble}; {line}"
 
     async def setup(self, environment: BaseEnvironment) -> None:
         if not self.preinstalled:
