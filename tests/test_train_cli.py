@@ -1,0 +1,161 @@
+"""`python -m harness.train` / `harness.eval` settings, preflight, records and the HF Jobs launcher.
+
+Run: .venv/bin/python -m pytest tests/test_train_cli.py -q
+These need no engine: every check here runs before any process would start.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness.eval import pass_rate_table
+from harness.preflight import preflight
+from harness.run_config import (
+    RunSettings,
+    SettingsError,
+    build_parser,
+    load_callable,
+    parse_reward_funcs,
+    settings_from_args,
+)
+from harness.run_records import summary_tables
+from launchers.paths import REPO_ROOT
+
+EXAMPLES = REPO_ROOT / "examples" / "reward_fns.py"
+
+
+def parse(argv: list[str]) -> RunSettings:
+    return settings_from_args(build_parser("harness.train", "test"), argv)
+
+
+def test_flags_override_the_config_file_and_untyped_flags_do_not(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("harness: codex\nsteps: 7\nnum-generations: 6\n")
+    settings = parse(["--config", str(config), "--steps", "2"])
+    assert settings.harness == "codex"  # from the file
+    assert settings.num_generations == 6  # from the file, dashes accepted
+    assert settings.steps == 2  # the typed flag wins
+    assert settings.max_concurrent_rollouts == RunSettings().max_concurrent_rollouts  # default
+
+
+def test_an_unknown_setting_in_the_config_file_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("stepz: 3\n")
+    with pytest.raises(SettingsError, match="unknown settings stepz"):
+        parse(["--config", str(config)])
+
+
+def test_every_shipped_config_file_loads_and_passes_the_trainer_validation() -> None:
+    configs = sorted((REPO_ROOT / "configs").glob("*.yaml"))
+    assert configs, "configs/ should ship at least one example run config"
+    for config in configs:
+        settings = parse(["--config", str(config)])
+        assert settings.trainer_config().validate() == [], config
+
+
+def test_preflight_reports_every_problem_at_once_before_anything_starts(monkeypatch) -> None:
+    monkeypatch.delenv("E2B_API_KEY", raising=False)
+    settings = RunSettings(harness="codex", sandbox="e2b", tasks="/nonexistent",
+                           reward_fn="nope.module:fn", engine_url="http://127.0.0.1:9", steps=0)
+    problems = preflight(settings, train=True)
+    text = "\n".join(problems)
+    assert "--tasks '/nonexistent'" in text
+    assert "E2B_API_KEY" in text
+    assert "--proxy-public-url" in text  # a remote sandbox must reach the proxy
+    assert "--engine-url http://127.0.0.1:9" in text
+    assert "--reward-fn nope.module:fn" in text
+    assert "--steps=0" in text  # the trainer's max_steps, named by its flag
+    assert len(problems) >= 6
+
+
+def test_preflight_accepts_the_embedded_cpu_default() -> None:
+    assert preflight(RunSettings(), train=True) == []
+
+
+def test_train_exits_2_with_the_fix_when_settings_are_bad() -> None:
+    run = subprocess.run([sys.executable, "-m", "harness.train", "--tasks", "/nonexistent"],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "cannot start" in run.stderr and "'bundled'" in run.stderr
+
+
+def test_help_documents_every_setting() -> None:
+    run = subprocess.run([sys.executable, "-m", "harness.train", "--help"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    for flag in ("--harness", "--model", "--tasks", "--sandbox", "--engine-url", "--num-generations",
+                 "--max-concurrent-rollouts", "--steps", "--output-dir", "--reward-fn",
+                 "--config", "--resume"):
+        assert flag in run.stdout, flag
+
+
+def test_reward_functions_load_from_a_module_path_and_a_file_path() -> None:
+    by_module = load_callable("examples.reward_fns:shaped_reward")
+    by_file = load_callable(f"{EXAMPLES}:shaped_reward")
+    outcome = SimpleNamespace(env_reward=1.0, tool_call_count=2, tool_failure_count=0, timed_out=False)
+    assert by_module(outcome) == by_file(outcome) == pytest.approx(1.1)  # 1.0 + 0.1 clean-tools bonus
+
+
+def test_shaped_reward_keeps_unscored_rollouts_unscored() -> None:
+    shaped = load_callable("examples.reward_fns:shaped_reward")
+    unscored = SimpleNamespace(env_reward=None, tool_call_count=3, tool_failure_count=0, timed_out=True)
+    assert shaped(unscored) is None
+
+
+def test_named_reward_functions_parse_with_weights() -> None:
+    parsed = parse_reward_funcs(["pass=examples.reward_fns:env_or_none",
+                                 "tools=examples.reward_fns:tool_discipline*0.25",
+                                 "examples.reward_fns:shaped_reward"])
+    assert [(name, weight) for name, _, weight in parsed] == [("pass", 1.0), ("tools", 0.25),
+                                                              ("shaped_reward", 1.0)]
+
+
+def test_pass_rate_counts_unscored_rollouts_apart_from_fails() -> None:
+    records = [{"task_id": "a", "env_reward": 1.0}, {"task_id": "a", "env_reward": 0.0},
+               {"task_id": "b", "env_reward": None}, {"task_id": "b", "env_reward": 1.0}]
+    _, summary = pass_rate_table(records)
+    # 2 passes out of 3 scored rollouts; the unscored one is not a fail.
+    assert summary["passed"] == 2 and summary["scored"] == 3 and summary["unscored"] == 1
+    assert summary["overall_pass_rate"] == pytest.approx(2 / 3)
+    assert summary["per_task"]["a"] == {"passed": 1, "scored": 2, "unscored": 0}
+
+
+def test_summary_tables_show_causes_steps_and_phases() -> None:
+    records = [{"cause": "ok", "timings": {"total": 2.0}}, {"cause": "infra_failure", "timings": {}}]
+    history = [{"reward/mean": 0.5, "loss": 0.1, "tokens/trained": 40, "groups/skipped/zero_variance": 1}]
+    titles = [t.title for t in summary_tables(records, history, {"engine_start_s": 30.0})]
+    assert titles == ["Rollouts by cause", "Training steps", "Time per phase (s)"]
+
+
+def hf_jobs(*args: str) -> dict:
+    run = subprocess.run([sys.executable, "launchers/hf_jobs.py", *args], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_hf_jobs_dry_run_prints_the_job_spec_and_the_commands() -> None:
+    out = hf_jobs("--dry-run", "--flavor", "h100x8", "--timeout", "2h", "--", "--harness", "opencode",
+                  "--model", "Qwen/Qwen3-4B")
+    assert out["job"]["flavor"] == "h100x8" and out["job"]["timeout"] == "2h"
+    assert set(out["job"]["secrets"]) == {"HF_TOKEN", "E2B_API_KEY"}
+    assert out["job"]["expose_public"] == [8100]
+    submit = out["submit"]
+    assert submit.startswith("hf jobs uv run --flavor h100x8") and "--expose-public 8100" in submit
+    assert "--inside -- --harness opencode" in submit
+    inside = out["inside"]
+    assert "--weight-transfer-backend nccl" in inside["engine"] and "--model Qwen/Qwen3-4B" in inside["engine"]
+    assert inside["trainer"].startswith("torchrun --standalone --nproc-per-node=3 -m harness.train")
+    assert "--sandbox e2b" in inside["trainer"] and "--proxy-host 0.0.0.0" in inside["trainer"]
+
+
+def test_hf_jobs_local_dry_run_uses_the_cpu_path() -> None:
+    out = hf_jobs("--local", "--dry-run", "--", "--harness", "mini-swe-agent")
+    assert "--weight-transfer-backend harness_gloo" in out["engine"]
+    assert "--sandbox" not in out["trainer"] and "torchrun" not in out["trainer"]
+    assert out["trainer"].endswith("--harness mini-swe-agent")
