@@ -55,7 +55,9 @@ class ProxyLink:
         self.url = url.rstrip("/")
         self.admin_key = admin_key
         self._server = server
-        self._clients: dict[int, httpx.AsyncClient] = {}
+        # id(loop) -> (loop, client): the loop is kept so a recycled id can never hand a new
+        # loop a client bound to a dead one.
+        self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
 
     @classmethod
     def connect(
@@ -112,9 +114,9 @@ class ProxyLink:
 
     async def release_loop(self) -> None:
         """Close the httpx client of the running loop (a session's private loop is ending)."""
-        client = self._clients.pop(id(asyncio.get_running_loop()), None)
-        if client is not None:
-            await client.aclose()
+        entry = self._clients.pop(id(asyncio.get_running_loop()), None)
+        if entry is not None:
+            await entry[1].aclose()
 
     def close(self) -> None:
         """Stop the in-process proxy, if this link started one."""
@@ -125,16 +127,18 @@ class ProxyLink:
     # ---- one boundary for every failure ----------------------------------------------------------
 
     def _client(self) -> httpx.AsyncClient:
-        loop_id = id(asyncio.get_running_loop())
-        client = self._clients.get(loop_id)
-        if client is None or client.is_closed:
-            client = self._clients[loop_id] = httpx.AsyncClient(
+        loop = asyncio.get_running_loop()
+        entry = self._clients.get(id(loop))
+        if entry is None or entry[0] is not loop or entry[1].is_closed:
+            client = httpx.AsyncClient(
                 base_url=self.url,
                 headers={"Authorization": f"Bearer {self.admin_key}"},
                 timeout=_TIMEOUT,
                 trust_env=False,  # never route loopback admin calls through a host proxy
             )
-        return client
+            self._clients = {k: v for k, v in self._clients.items() if not v[0].is_closed}
+            entry = self._clients[id(loop)] = (loop, client)
+        return entry[1]
 
     async def _request(
         self, method: str, path: str, *, session_id: str | None = None, **kwargs: Any

@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import shlex
+from abc import abstractmethod
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
 
@@ -103,9 +104,9 @@ class HarnessAgent(BaseAgent):
         """Environment of the agent command (on top of HOME, which the base sets)."""
         return {}
 
+    @abstractmethod
     def command(self, instruction: str) -> list[str]:
-        """argv of the agent run; `self.binary()` names the CLI."""
-        raise TypeError(f"{type(self).__name__} must define command()")
+        """argv of the agent run, starting with `*self.binary()`."""
 
     # ---- shared machinery -----------------------------------------------------------------------
 
