@@ -216,6 +216,8 @@ class HarnessAsyncGRPOTrainer:
             self.save()
         metrics.update(group_metrics(groups, names))
         metrics["time/groups_to_rows_s"] = t_groups
+        metrics["data/first_group"] = float(finished[0].index)
+        metrics["data/next_group_index"] = float(self.state.next_group_index)
         total = metrics["time/step_s"] + t_groups
         busy = metrics["time/forward_backward_s"] + metrics["time/optimizer_s"] \
             + metrics["time/weight_sync_s"]

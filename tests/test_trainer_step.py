@@ -1,0 +1,202 @@
+"""The trainer on the tiny model: what a step does to logprobs, what never makes a gradient,
+the async producer's ordering rules, a pinned first-step loss, and resume after a kill.
+
+Run: .venv/bin/python -m pytest tests/test_trainer_step.py -q
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.config import AsyncGRPOConfig
+from trainer.errors import CaptureError
+from trainer.fakes import ReplaySource, make_trace, make_turn, synthetic_trace
+from trainer.forward import row_logprobs
+from trainer.groups import prepare_group
+from trainer.grpo import HarnessAsyncGRPOTrainer
+from trainer.loop import StepInput, run_step
+from trainer.producer import RolloutProducer
+from trainer.rollouts import Rollout
+from trainer.rows import trace_to_rows
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _seeded_tiny_model():
+    """The tiny model's architecture with weights from torch.manual_seed(0): a pinned value
+    must not move when launchers/tiny_model.py changes how it builds or warms its weights."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=32, max_position_embeddings=1024, tie_word_embeddings=True)
+    return Qwen3ForCausalLM(cfg).float()
+
+
+def _trainer(model, tmp_path, source=None, **cfg) -> HarnessAsyncGRPOTrainer:
+    args = AsyncGRPOConfig(**{"num_generations": 2, "max_steps": 1, "learning_rate": 1e-2,
+                              "output_dir": str(tmp_path), "report_to": "none", **cfg})
+    source = source or ReplaySource(lambda s, k: None, lambda s, k: None)
+    return HarnessAsyncGRPOTrainer(model, lambda sampling: source, args)
+
+
+def _source(vocab: int = 500) -> ReplaySource:
+    return ReplaySource(
+        lambda s, k: synthetic_trace(random.Random(100 * s + k), vocab=vocab, prompt_len=12,
+                                     completion_len=6, tool_len=4),
+        lambda s, k: float(k % 2))
+
+
+def test_a_step_raises_positive_advantage_tokens_and_lowers_negative_ones(tmp_path):
+    model = _seeded_tiny_model()
+    good = trace_to_rows(make_trace(make_turn([5, 6, 7], [40, 41, 42], node_id="g")))[0]
+    bad = trace_to_rows(make_trace(make_turn([5, 6, 7], [90, 91, 92], node_id="b")))[0]
+    before = row_logprobs(model, good + bad, temperature=1.0)
+    for row, lps in zip(good + bad, before, strict=True):  # behaviour = current policy: r = 1
+        row.behaviour_logprobs[-3:] = lps
+    trainer = _trainer(model, tmp_path, learning_rate=1e-2)
+    metrics = run_step(trainer, StepInput(rows=good + bad, advantages=[1.0, -1.0]))
+    after = row_logprobs(model, good + bad, temperature=1.0)
+    assert metrics["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert sum(after[0]) > sum(before[0]) + 0.01  # positive advantage: more likely
+    assert sum(after[1]) < sum(before[1]) - 0.01  # negative advantage: less likely
+    assert trainer.state.policy_version == 1
+
+
+def test_none_and_zero_variance_groups_produce_no_gradient_and_no_update(tmp_path):
+    model = _seeded_tiny_model()
+    trainer = _trainer(model, tmp_path)
+    trace = synthetic_trace(random.Random(0), vocab=500)
+    unscorable = [Rollout(cause="ok", trace=trace, env_reward=None)] * 2
+    flat = [Rollout(cause="ok", trace=trace, env_reward=1.0)] * 2
+    groups = [prepare_group(rs, group_index=i, reward_funcs=[], scale_rewards=True,
+                            dispatch_version=0) for i, rs in enumerate((unscorable, flat))]
+    assert [g.skipped for g in groups] == ["no_scored", "zero_variance"]
+    weights = [p.detach().clone() for p in model.parameters()]
+    metrics = run_step(trainer, StepInput(rows=[r for g in groups for r in g.rows]))
+    assert metrics["steps/empty"] == 1.0 and trainer.state.policy_version == 0
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
+
+
+def test_the_first_step_loss_of_a_cpu_end_to_end_run_is_pinned(tmp_path):
+    trainer = _trainer(_seeded_tiny_model(), tmp_path, source=_source(), num_generations=4,
+                       max_steps=2, learning_rate=1e-3, report_to="jsonl")
+    history = trainer.train()
+    # Synthetic traces (behaviour logprobs drawn in [-9, -0.5]) against seeded weights: the
+    # ratios are far from 1, so clipping and truncation are both exercised in this number.
+    assert history[0]["loss"] == pytest.approx(0.333451, abs=1e-5)
+    assert history[0]["policy/clip_frac"] > 0 and history[0]["policy/truncated_frac"] > 0
+    assert [h["version"] for h in history] == [1.0, 2.0]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and '"rewards/env_reward/mean": 0.5' in lines[0]
+
+
+def test_a_malformed_capture_stops_training_with_capture_error(tmp_path):
+    bad = {"turns": [{"node_id": "x", "prompt_token_ids": [1], "completion_token_ids": [2, 3],
+                      "per_token_logps": [-1.0], "loss_mask": [0, 1, 1]}]}
+    source = ReplaySource(lambda s, k: bad, lambda s, k: float(k))
+    trainer = _trainer(_seeded_tiny_model(), tmp_path, source=source)
+    with pytest.raises(CaptureError, match="logprob_misalign"):
+        trainer.train()
+
+
+def _producer(source, **kw) -> RolloutProducer:
+    args = {"num_generations": 3, "groups_per_step": 1, "max_staleness": 1,
+            "max_concurrent_rollouts": 8, "start_group": 0, "version": lambda: 0, **kw}
+    return RolloutProducer(source, **args)
+
+
+def test_a_group_is_released_only_when_all_its_rollouts_have_finished():
+    # rollout k=2 of group 0 is slow; group 0 must come out whole, and first (index order).
+    source = ReplaySource(lambda s, k: None, lambda s, k: 1.0,
+                          delay_fn=lambda s, k: 0.3 if (s, k) == (0, 2) else 0.0)
+
+    async def run():
+        producer = _producer(source)
+        producer.start()
+        t0 = time.monotonic()
+        first = await producer.next_group()
+        waited = time.monotonic() - t0
+        await producer.stop()
+        return first, waited
+
+    first, waited = asyncio.run(run())
+    assert first.index == 0 and len(first.results) == 3 and waited >= 0.3
+
+
+def test_admission_keeps_the_producer_at_most_max_staleness_steps_ahead():
+    source = ReplaySource(lambda s, k: None, lambda s, k: 1.0)
+
+    async def run():
+        producer = _producer(source, max_staleness=2)
+        producer.start()
+        await asyncio.sleep(0.2)
+        before = sorted({s for s, _ in source.calls})
+        await producer.step_done(1)
+        await asyncio.sleep(0.2)
+        after = sorted({s for s, _ in source.calls})
+        await producer.stop()
+        return before, after
+
+    before, after = asyncio.run(run())
+    assert before == [0, 1, 2] and after == [0, 1, 2, 3]  # g // 1 <= steps_done + 2
+
+
+_KILLED_RUN = """
+import random, sys, time
+sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
+from test_trainer_step import _seeded_tiny_model, _source
+from trainer.config import AsyncGRPOConfig
+from trainer.grpo import HarnessAsyncGRPOTrainer
+src = _source()
+slow = src.rollout
+async def rollout(task=None, seed=None, episode_id=None):
+    if seed >= 3:
+        time.sleep(60)  # the kill lands here, with groups in flight and a step pending
+    return await slow(task=task, seed=seed, episode_id=episode_id)
+src.rollout = rollout
+args = AsyncGRPOConfig(num_generations=2, max_steps=6, learning_rate=1e-2, save_steps=1,
+                       output_dir={out!r}, report_to="none", save_total_limit=None)
+HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: src, args).train()
+"""
+
+
+def test_resume_after_a_kill_reproduces_the_data_position_and_the_weights(tmp_path):
+    out = tmp_path / "killed"
+    script = _KILLED_RUN.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoint-3" / "trainer_state.pt").exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the run never reached its third checkpoint"
+            time.sleep(0.5)
+        time.sleep(1.0)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    resumed = _trainer(_seeded_tiny_model(), out, source=_source(), max_steps=5,
+                       save_steps=1, resume_from_checkpoint=True)
+    assert (resumed.state.step, resumed.state.next_group_index) == (3, 3)
+    tail = resumed.train()
+    straight = _trainer(_seeded_tiny_model(), tmp_path / "straight", source=_source(),
+                        max_steps=5)
+    full = straight.train()
+    assert [h["data/first_group"] for h in tail] == [3.0, 4.0]
+    assert [h["data/first_group"] for h in full] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert [h["loss"] for h in tail] == pytest.approx([h["loss"] for h in full[3:]], abs=1e-6)
+    for a, b in zip(resumed.model.parameters(), straight.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
