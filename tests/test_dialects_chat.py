@@ -65,6 +65,11 @@ def test_streaming_always_asks_the_engine_for_usage():
     assert out["stream_options"] == {"include_usage": True}
 
 
+def test_max_completion_tokens_becomes_max_tokens():
+    out = chat.to_chat(body(max_completion_tokens=99))
+    assert out["max_tokens"] == 99 and "max_completion_tokens" not in out
+
+
 def test_legacy_functions_become_tools():
     fn = {"name": "bash", "parameters": {"type": "object"}}
     out = chat.to_chat(body(functions=[fn], function_call={"name": "bash"}))

@@ -11,6 +11,7 @@ malformed chunk either, because it runs after the agent has been sent its SSE he
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
@@ -84,10 +85,8 @@ def test_mutated_real_bodies_translate_or_raise_dialect_error(name, dialect_name
         mutated = _mutate(body, rng)
         _exercise(dialect, mutated)
         if dialect_name == "messages":
-            try:
+            with contextlib.suppress(DialectError):
                 dialect.count_tokens(mutated)
-            except DialectError:
-                pass
 
 
 @pytest.mark.parametrize("dialect_name", list(DIALECTS))

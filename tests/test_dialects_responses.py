@@ -68,6 +68,11 @@ def test_instructions_and_developer_messages_become_system_messages():
                                    {"role": "user", "content": "hi"}]
 
 
+def test_empty_instructions_add_no_system_message():
+    out = responses.to_chat({"model": "m", "instructions": "", "input": "hello"})
+    assert out["messages"] == [{"role": "user", "content": "hello"}]
+
+
 def test_string_input_is_one_user_message():
     out = responses.to_chat({"model": "m", "input": "hello"})
     assert out["messages"] == [{"role": "user", "content": "hello"}]

@@ -18,9 +18,12 @@ What changes on the way in (what vLLM 0.32 rejects or mis-renders):
 - `role: "developer"` (OpenAI's newer name for system) becomes `system`; chat templates such as
   the ChatML/Qwen ones know only system/user/assistant/tool.
 - legacy `functions` / `function_call` become `tools` / `tool_choice`.
-- tool-call `arguments` sent as an object (some clients do) become the JSON string vLLM expects.
+- tool-call `arguments` sent as an object (some clients do) become the JSON string vLLM expects
+  (vLLM parses it back to an object for the template, so spacing does not matter).
 - streaming always asks for `include_usage`; the agent only sees the usage chunk if it asked.
 - `n` other than 1 is refused: the proxy records one sample per call.
+- `max_completion_tokens` (newer OpenAI clients) becomes `max_tokens`, the one field the
+  core's sampling policy caps.
 
 What changes on the way out: engine-only fields are stripped (`prompt_token_ids`,
 `choices[].token_ids`, `prompt_logprobs`, `kv_transfer_params`, vLLM's `stop_reason`), and
@@ -120,6 +123,10 @@ class ChatDialect(Dialect):
         body = require_body(body)
         out = dict(body)
         out["messages"] = _normalise_messages(body.get("messages"))
+        if body.get("max_completion_tokens") is not None:
+            limit = require(body["max_completion_tokens"], int, "max_completion_tokens")
+            out.pop("max_completion_tokens")
+            out.setdefault("max_tokens", limit)
         n = body.get("n")
         if n is not None and n != 1:
             raise DialectError(f"n must be 1 (the capture proxy records one sample), got {n!r}")

@@ -6,13 +6,16 @@ Mapping, block by block, in the order the agent sent them:
   measured): they stay system messages at their place.
 - user `text` / `image` blocks -> one user message (text-only becomes a string; images become
   `image_url` data/URL parts, and a text-only engine rejects them with its own 400);
-- user `tool_result` blocks -> one `tool` message each, in place, content flattened to text
-  (image blocks inside become parts); `is_error: true` prefixes the text with
-  `[tool error] ` because chat has no error flag and the model must see that the call failed;
+- user `tool_result` blocks -> one `tool` message each, content flattened to text (image
+  blocks inside become parts), put in the order of the calls they answer (Claude Code 2.1 was
+  measured sending two results in reverse order; see `base.order_tool_results`);
+  `is_error: true` prefixes the text with `[tool error] ` because chat has no error flag and
+  the model must see that the call failed;
 - assistant `thinking` -> `reasoning_content`; `redacted_thinking` is dropped (its payload is
   an opaque provider blob no engine can read); `text` -> content; `tool_use` -> `tool_calls`
-  with `arguments = json.dumps(input, ensure_ascii=False)`, the string vLLM's hermes parser
-  produced for the same call, so the history renders to the tokens the engine sampled;
+  with `arguments = json.dumps(input, ensure_ascii=False)`. vLLM parses arguments back into an
+  object before the chat template renders them, so their spacing never reaches the prompt
+  (opencode, measured, re-serialises them compactly; the prompts still chain);
 - `tools` with `input_schema` -> functions (`defer_loading` kept: vLLM knows it); Anthropic
   server tools (`web_search_*`, `code_execution_*`, `bash_*`, `text_editor_*`, ...) carry no
   schema an engine can call and are dropped;

@@ -342,8 +342,9 @@ def responses_to_chat(body: dict) -> dict:
     messages: list[dict] = []
     instructions = body.get("instructions")
     if instructions is not None:
-        messages.append({"role": "system",
-                         "content": _content(instructions, "instructions")})
+        system = _content(instructions, "instructions")
+        if system:  # Codex sends none; an empty one must not add an empty system turn
+            messages.append({"role": "system", "content": system})
     raw = body.get("input")
     if isinstance(raw, str):
         messages.append({"role": "user", "content": raw})
