@@ -14,8 +14,10 @@ a second; the engine starts in 30-120 s depending on machine load (torch.compile
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -130,6 +132,41 @@ def test_the_engine_still_generates_after_pushes(synced, gloo_engine: Engine):
     response.raise_for_status()
     assert response.json()["choices"][0]["message"]["content"] is not None
     assert httpx.get(f"{gloo_engine.url}/is_paused").json() == {"is_paused": False}
+
+
+def test_a_request_in_flight_during_a_push_is_kept_and_finishes(gloo_engine: Engine, synced):
+    """pause(mode=keep) freezes a running generation and resumes it after the push: an agent
+    mid-turn sees a slower response, never an error."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(gloo_engine.model_path, dtype=torch.float32)
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT_IDS,
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    chunks: list[dict] = []
+    first_tokens = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{gloo_engine.url}/v1/completions", json=body, timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[len("data: ") :]))
+                    first_tokens.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert first_tokens.wait(120), "the generation never started"
+    with VLLMWeightSync(gloo_engine.url, "harness_gloo") as sync:
+        sync.push(model, 3)
+    in_flight_at_push = len(chunks)
+    reader.join(300)
+    finish = [c["choices"][0].get("finish_reason") for c in chunks if c["choices"]]
+    assert finish[-1] == "length"  # ran to max_tokens: neither aborted nor cut short
+    assert in_flight_at_push < len(chunks)  # it was still generating when the push happened
 
 
 def test_the_vllm_plugin_registers_once_in_the_engine_venv_with_only_torch_and_vllm():
