@@ -163,6 +163,21 @@ def test_an_unreachable_engine_is_named_with_its_url():
     sync.close()
 
 
+def test_a_gathered_state_view_with_only_named_parameters_can_be_pushed(fake):
+    # trainer.distributed.FullModelView is such a view: gathered CPU tensors on rank 0
+    class View:
+        def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+            self._tensors = tensors
+
+        def named_parameters(self):
+            return iter(self._tensors.items())
+
+    tensors = {"model.norm.weight": torch.rand(4), "lm_head.weight": torch.rand(3, 4)}
+    with make_sync(fake.url) as sync:
+        sync.push(View(tensors), 1)
+    assert all(torch.equal(fake.weights[name], t) for name, t in tensors.items())
+
+
 def test_a_non_zero_rank_never_talks_to_the_engine(fake):
     with make_sync(fake.url, rank=1) as sync:
         sync.push(TinyNet(), 1)

@@ -12,10 +12,11 @@ broadcast chunk 1..K (uint8 buffers)  ======>  receive into fresh buffers
 POST /finish_weight_update {weight_version} ->  layerwise reload: load, re-pack kernels
 ```
 
-`/update_weights` returns only after every chunk has arrived, so it runs on a side thread while
-this thread broadcasts. If that request fails first (the worker rejected the metadata and will
-never join the broadcast), the group is aborted so the blocked broadcast returns at once instead
-of waiting out the gloo timeout.
+`/update_weights` returns only after every chunk has arrived, so the request and the broadcast
+run on two daemon threads. If the request fails first (the worker rejected the metadata and will
+never join the broadcast), the error is raised at once and the group abandoned: a gloo send whose
+peer never comes cannot be cancelled from the sending side, so the blocked thread is left to end
+at the group timeout while the caller resumes the engine and moves on.
 """
 
 from __future__ import annotations
