@@ -95,6 +95,17 @@ def test_the_version_reaches_finish_and_the_on_version_callback(fake):
     assert seen == [3, 4]
 
 
+def test_the_version_reaches_the_capture_proxy_through_set_weight_version(fake):
+    from capture.client import CaptureClient
+    from capture.server import CaptureServer
+
+    with CaptureServer(fake.url) as proxy:
+        client = CaptureClient(proxy.url, proxy.admin_key)
+        with make_sync(fake.url, on_version=client.set_weight_version) as sync:
+            sync.push(TinyNet(), 7)
+        assert proxy.state.weight_version == 7  # turns starting now are stamped with version 7
+
+
 def test_the_transfer_group_is_opened_once_for_many_pushes(fake):
     with make_sync(fake.url) as sync:
         for version in (1, 2, 3):
