@@ -260,9 +260,16 @@ class Engine:
             while time.monotonic() < deadline:
                 code = self._process.poll()
                 if code is not None:
+                    tail = self._log_tail()
+                    hint = ""
+                    if "Invalid weight transfer backend" in tail:
+                        hint = (f" The weight-transfer backend {self.weight_transfer_backend!r} is "
+                                "not registered in vLLM: its plugin (trainer.weight_sync.vllm_plugin) "
+                                f"was not loaded; check that {REPO_ROOT} is importable by the engine "
+                                "venv's python (PYTHONPATH) and the entry-point shim exists.")
                     raise EngineStartError(
-                        f"vLLM exited with code {code} while starting. Log {self.log_path}:\n"
-                        f"{self._log_tail()}"
+                        f"vLLM exited with code {code} while starting.{hint} Log {self.log_path}:\n"
+                        f"{tail}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.url}/health").status_code == 200:

@@ -37,6 +37,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -77,15 +78,21 @@ def job_spec(args: argparse.Namespace, train_args: list[str]) -> dict:
     }
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url: str | None,
-                    python: str) -> dict[str, list[str]]:
+                    python: str, engine_port: int = ENGINE_PORT) -> dict[str, list[str]]:
     """The processes the job (or --local) starts: setup, engine, trainer."""
-    engine = [python, "-m", "launchers.engine", "--host", "127.0.0.1", "--port", str(ENGINE_PORT)]
+    engine = [python, "-m", "launchers.engine", "--host", "127.0.0.1", "--port", str(engine_port)]
     model = _flag_value(train_args, "--model")
     if model:
         engine += ["--model", model]
     engine += ["--weight-transfer-backend", "nccl" if gpus > 0 else "harness_gloo"]
-    train = ["-m", "harness.train", "--engine-url", f"http://127.0.0.1:{ENGINE_PORT}"]
+    train = ["-m", "harness.train", "--engine-url", f"http://127.0.0.1:{engine_port}"]
     if not local:
         train += ["--sandbox", "e2b", "--proxy-host", "0.0.0.0", "--proxy-port", str(PROXY_PORT)]
         if public_url:
@@ -131,7 +138,10 @@ def run_inside(train_args: list[str], *, local: bool, public_url: str | None, sk
     if public_url is None and not local and os.environ.get("JOB_ID"):
         public_url = f"https://{os.environ['JOB_ID']}--{PROXY_PORT}.hf.jobs"
     python = str(REPO / ".venv" / "bin" / "python")
-    commands = inside_commands(train_args, gpus=gpus, local=local, public_url=public_url, python=python)
+    # In a job the node is ours; on a shared machine (--local) any fixed port may be taken.
+    engine_port = _free_port() if local else ENGINE_PORT
+    commands = inside_commands(train_args, gpus=gpus, local=local, public_url=public_url,
+                               python=python, engine_port=engine_port)
     if not skip_setup:
         subprocess.run(commands["setup"], check=True)
     env = dict(os.environ)
@@ -140,7 +150,7 @@ def run_inside(train_args: list[str], *, local: bool, public_url: str | None, sk
     engine = subprocess.Popen(commands["engine"], env=engine_env, start_new_session=True)
     started = [engine]
     try:
-        _wait_healthy(f"http://127.0.0.1:{ENGINE_PORT}", engine, timeout_s=1800)
+        _wait_healthy(f"http://127.0.0.1:{engine_port}", engine, timeout_s=1800)
         trainer = subprocess.Popen(commands["trainer"], env=trainer_env, start_new_session=True)
         started.append(trainer)
         return trainer.wait()

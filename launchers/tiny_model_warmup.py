@@ -55,13 +55,19 @@ def _call(name: str, command: str) -> dict:
             "function": {"name": name, "arguments": {"command": command}}}
 
 
-def _example(rng: random.Random, tokenizer) -> tuple[list[int], list[int]]:
-    """One rendered conversation and its loss mask (1 on assistant tokens, their <|im_end|> too)."""
+def _example(rng: random.Random, tokenizer, long: bool = False) -> tuple[list[int], list[int]]:
+    """One rendered conversation and its loss mask (1 on assistant tokens, their <|im_end|> too).
+
+    `long` examples carry a system prompt of several thousand tokens, like real agents send
+    (opencode's is ~9.5k characters): trained only on short prompts, the model answered every
+    8k-token prompt with a bare `</tool_call><|im_end|>` (measured on seed 0).
+    """
     shell = rng.choice(SHELL_TOOL_NAMES)
     names = [shell, *rng.sample(OTHER_TOOL_NAMES, rng.randint(0, 5))]
     rng.shuffle(names)
     tools = [_tool(n) for n in names]
-    system = " ".join(rng.choice(FILLER) for _ in range(rng.randint(1, 15)))
+    sentences = rng.randint(150, 450) if long else rng.randint(1, 15)
+    system = " ".join(rng.choice(FILLER) for _ in range(sentences))
     user = f"Create {rng.choice(FILES)} containing {rng.choice(WORDS)}."
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user},
                 {"role": "assistant", "content": "", "tool_calls": [_call(shell, _command(rng))]},
@@ -86,23 +92,29 @@ def _example(rng: random.Random, tokenizer) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-def warm_up(model, tokenizer, seed: int, steps: int = 150, batch_size: int = 8, lr: float = 5e-3,
+def warm_up(model, tokenizer, seed: int, steps: int, batch_size: int = 8, lr: float = 5e-3,
             log_every: int = 0) -> float:
     """Train `model` in place on synthetic agent turns; returns the last loss."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     pool = [_example(rng, tokenizer) for _ in range(128)]
+    long_pool = [_example(rng, tokenizer, long=True) for _ in range(16)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
     pad = tokenizer.pad_token_id
     model.train()
     loss = torch.tensor(0.0)
     for step in range(steps):
-        batch = [pool[rng.randrange(len(pool))] for _ in range(batch_size)]
+        # Every 5th step is one long conversation alone, so short batches are not padded to it.
+        if step % 5 == 4:
+            batch = [long_pool[rng.randrange(len(long_pool))]]
+        else:
+            batch = [pool[rng.randrange(len(pool))] for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((batch_size, width), pad)                 # [B, T]
-        labels = torch.full((batch_size, width), -100)                   # [B, T]
-        attention = torch.zeros((batch_size, width), dtype=torch.long)   # [B, T]
+        rows = len(batch)
+        input_ids = torch.full((rows, width), pad)                       # [B, T]
+        labels = torch.full((rows, width), -100)                         # [B, T]
+        attention = torch.zeros((rows, width), dtype=torch.long)         # [B, T]
         for row, (ids, mask) in enumerate(batch):
             input_ids[row, : len(ids)] = torch.tensor(ids)
             attention[row, : len(ids)] = 1

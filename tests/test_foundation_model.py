@@ -68,12 +68,27 @@ def test_chat_template_renders_tools_calls_and_results_in_hermes_format(tiny_mod
 
 
 def test_building_twice_from_the_same_seed_gives_identical_weights(tmp_path: Path) -> None:
-    first = build_tiny_model(seed=0, root=tmp_path / "a")
-    second = build_tiny_model(seed=0, root=tmp_path / "b")
+    # A short warm-up keeps this test cheap; the full one runs the same code for more steps.
+    first = build_tiny_model(seed=0, root=tmp_path / "a", warmup_steps=3)
+    second = build_tiny_model(seed=0, root=tmp_path / "b", warmup_steps=3)
     a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert (first / "tokenizer.json").read_text() == (second / "tokenizer.json").read_text()
+
+
+def test_warm_up_teaches_the_hermes_tool_call_format(tiny_model_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Create hello.txt containing hello."}],
+                                        tools=tools, add_generation_prompt=True, return_dict=False)
+    out = model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False,
+                         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    text = tokenizer.decode(out[0][len(ids):])
+    # Greedy decoding after the warm-up: a tool call that ends its turn.
+    assert text.startswith("<tool_call>"), text
+    assert text.endswith("<|im_end|>"), text
 
 
 def test_a_cached_model_is_reused_without_rebuilding(tiny_model_path: Path) -> None:

@@ -1,0 +1,85 @@
+"""The whole loop for real: engine, capture proxy, bubblewrap sandboxes, a real agent, async GRPO,
+weight sync into vLLM, checkpoints, metrics and recorded rollouts.
+
+Run: .venv/bin/python -m pytest tests/test_train_e2e.py -q
+Each test starts its own vLLM-CPU engine (weight sync changes its weights), ~1-3 min each here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.eval import run_eval
+from harness.run_config import RunSettings
+from launchers.paths import REPO_ROOT
+
+pytestmark = [pytest.mark.engine, pytest.mark.agents, pytest.mark.slow]
+
+SMALL = ["--harness", "mini-swe-agent", "--steps", "1", "--num-generations", "2",
+         "--max-concurrent-rollouts", "2", "--task-count", "1", "--max-tokens", "96",
+         "--max-agent-steps", "3", "--agent-timeout-s", "120"]
+
+
+def no_engine_left(log_dir: Path) -> None:
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(log_dir) not in ps, "a process started by the run is still alive"
+
+
+def check_run_dir(out: Path) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 1
+    assert summary["rollouts"] >= 2  # one group of 2 at least (in-flight ones are recorded too)
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(records) == summary["rollouts"]
+    assert all(r["cause"] in ("ok", "model_failure", "timeout", "infra_failure", "verifier_failure")
+               for r in records)
+    trained = [r for r in records if r["cause"] in ("ok", "model_failure", "timeout")]
+    assert trained, f"no trainable rollout: {[(r['cause'], r['error']) for r in records]}"
+    full = json.loads((out / "rollouts" / trained[0]["file"]).read_text())
+    assert full["trace"]["schema_version"] == 1 and full["trace"]["turns"]
+    metrics = [json.loads(line) for line in (out / "trainer" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics, "the trainer wrote no metrics"
+    assert any((out / "trainer").glob("checkpoint-*")), "no checkpoint written"
+    return summary
+
+
+def test_the_embedded_cpu_default_trains_one_step_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "harness.train", *SMALL, "--output-dir", str(out)],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for title in ("Rollouts by cause", "Training steps", "Time per phase"):
+        assert title in run.stdout
+    summary = check_run_dir(out)
+    assert summary["timings"]["engine_start_s"] > 0
+    no_engine_left(out / "logs")
+
+
+def test_hf_jobs_local_runs_the_same_orchestration_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    run = subprocess.run([sys.executable, "launchers/hf_jobs.py", "--local", "--skip-setup", "--",
+                          *SMALL, "--output-dir", str(out)],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    check_run_dir(out)
+    settings = json.loads((out / "settings.json").read_text())
+    with pytest.raises(httpx.HTTPError):  # the job's engine was stopped with it
+        httpx.get(settings["engine_url"] + "/health", timeout=2)
+
+
+def test_eval_prints_pass_rates_per_task_without_training(engine, tmp_path: Path) -> None:
+    settings = RunSettings(harness="mini-swe-agent", engine_url=engine.url, task_count=2,
+                           rollouts_per_task=1, max_tokens=96, max_agent_steps=3,
+                           agent_timeout_s=120, output_dir=str(tmp_path / "eval"))
+    summary = run_eval(settings)
+    assert summary["passed"] + (summary["scored"] - summary["passed"]) + summary["unscored"] == 2
+    assert len(summary["per_task"]) == 2
+    assert (tmp_path / "eval" / "eval_summary.json").exists()
+    assert os.path.exists(tmp_path / "eval" / "rollouts.jsonl")
