@@ -188,12 +188,29 @@ def test_reply_has_thinking_text_and_tool_uses_in_order():
                             "output_tokens": reply["usage"]["completion_tokens"]}
 
 
-@pytest.mark.parametrize("finish, stop", [("stop", "end_turn"), ("length", "max_tokens"),
-                                          ("tool_calls", "tool_use")])
+@pytest.mark.parametrize("finish, stop", [("stop", "end_turn"), ("tool_calls", "tool_use")])
 def test_stop_reasons(finish, stop):
     out = messages.from_chat(engine_reply(content="x", finish_reason=finish),
                              request([{"role": "user", "content": "hi"}]))
     assert out["stop_reason"] == stop
+
+
+def test_reaching_the_agents_own_max_tokens_is_max_tokens():
+    reply = engine_reply(content="x" * 30, finish_reason="length")
+    limit = reply["usage"]["completion_tokens"]  # the engine stopped exactly at the agent's limit
+    out = messages.from_chat(reply, request([{"role": "user", "content": "hi"}],
+                                            max_tokens=limit))
+    assert out["stop_reason"] == "max_tokens"
+
+
+def test_a_stop_at_the_proxy_cap_below_the_agents_limit_ends_the_turn():
+    # Claude Code asked for 1024 tokens; the session cap stopped the engine after ~11.
+    reply = engine_reply(content="x" * 30, finish_reason="length")
+    out = messages.from_chat(reply, request([{"role": "user", "content": "hi"}]))
+    assert out["stop_reason"] == "end_turn"
+    capped_call = engine_reply(tool_calls=[("Bash", '{"command": "l')], finish_reason="length")
+    out = messages.from_chat(capped_call, request([{"role": "user", "content": "hi"}]))
+    assert out["stop_reason"] == "tool_use"
 
 
 def test_a_matched_stop_sequence_is_reported():

@@ -228,11 +228,19 @@ def test_reply_has_reasoning_message_and_calls_in_order():
                             "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
 
 
-def test_reply_cut_at_the_token_limit_is_incomplete():
-    out = responses.from_chat(engine_reply(content="abc", finish_reason="length"),
-                              request([user("hi")]))
+def test_reply_cut_at_the_agents_own_limit_is_incomplete():
+    reply = engine_reply(content="abc", finish_reason="length")
+    limit = reply["usage"]["completion_tokens"]
+    out = responses.from_chat(reply, request([user("hi")], max_output_tokens=limit))
     assert out["status"] == "incomplete"
     assert out["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_reply_cut_by_the_proxy_cap_is_completed():
+    # Codex sets no max_output_tokens; the stop came from the session's cap.
+    out = responses.from_chat(engine_reply(content="abc", finish_reason="length"),
+                              request([user("hi")]))
+    assert out["status"] == "completed" and out["incomplete_details"] is None
 
 
 def test_custom_and_local_shell_calls_come_back_in_their_own_item_types():
@@ -319,8 +327,10 @@ def test_stream_custom_tool_call_arrives_whole():
     assert events[3][1]["delta"] == "*** P"
 
 
-def test_stream_cut_at_the_token_limit_ends_with_response_incomplete():
-    events = stream(engine_reply(content="abc", finish_reason="length"), request([user("hi")]))
+def test_stream_cut_at_the_agents_own_limit_ends_with_response_incomplete():
+    reply = engine_reply(content="abc", finish_reason="length")
+    req = request([user("hi")], max_output_tokens=reply["usage"]["completion_tokens"])
+    events = stream(reply, req)
     assert events[-1][0] == "response.incomplete"
     assert events[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
 

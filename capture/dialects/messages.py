@@ -71,9 +71,10 @@ class MessagesDialect(Dialect):
             content.append({"type": "tool_use", "id": str(call.get("id") or f"toolu_{i}"),
                             "name": str(function.get("name") or ""),
                             "input": arguments if isinstance(arguments, dict) else {}})
-        stop_reason, stop_sequence = stop_fields(choice.get("finish_reason"),
-                                                 choice.get("stop_reason"), request)
         prompt, completion, cached = usage_counts(chat.get("usage"))
+        stop_reason, stop_sequence = stop_fields(
+            choice.get("finish_reason"), choice.get("stop_reason"), request, completion,
+            any(block["type"] == "tool_use" for block in content))
         return {
             "id": message_id(chat.get("id")),
             "type": "message",

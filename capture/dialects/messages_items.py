@@ -44,12 +44,24 @@ def signature(thinking: str) -> str:
     return base64.b64encode(digest).decode()
 
 
-def stop_fields(finish_reason: Any, matched: Any, request: dict) -> tuple[str, str | None]:
+def stop_fields(finish_reason: Any, matched: Any, request: dict, completion_tokens: int,
+                has_tool_use: bool) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) for an engine finish reason.
 
     vLLM reports the stop string that ended generation in `choices[0].stop_reason`; when it is
     one of the agent's `stop_sequences`, Anthropic calls that `stop_sequence`.
+
+    A stop at a token limit is `max_tokens` only when the agent's own `max_tokens` was
+    reached. Below it, the limit was the capture session's cap, which Claude Code never asked
+    for: Claude Code 2.1 answers `max_tokens` by retrying with a larger limit and then ending
+    its run ("response exceeded the 128000 output token maximum", measured), so such a stop is
+    reported as the end of the turn (`tool_use` when a tool call was under way). The trace
+    keeps the engine's real finish_reason.
     """
+    if finish_reason == "length":
+        limit = request.get("max_tokens")
+        if isinstance(limit, int) and not isinstance(limit, bool) and completion_tokens < limit:
+            return ("tool_use" if has_tool_use else "end_turn"), None
     stops = request.get("stop_sequences")
     if (finish_reason == "stop" and isinstance(matched, str) and isinstance(stops, list)
             and matched in stops):

@@ -157,7 +157,8 @@ class MessagesStreamEncoder(StreamEncoder):
         out += self._close()
         self._ended = True
         stop_reason, stop_sequence = stop_fields(self._finish, self._stop_reason_value,
-                                                 self._request)
+                                                 self._request, self._completion_tokens,
+                                                 bool(self._calls))
         usage = {"input_tokens": self._prompt_tokens, "cache_creation_input_tokens": 0,
                  "cache_read_input_tokens": self._cached,
                  "output_tokens": self._completion_tokens}

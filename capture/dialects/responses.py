@@ -80,11 +80,11 @@ class ResponsesDialect(Dialect):
             output.append(tool_call_item(routes.get(name), f"fc_{suffix}_{i}", call_id, name,
                                          str(function.get("arguments") or "")))
         finish = choice.get("finish_reason")
+        prompt, completion, cached = usage_counts(chat.get("usage"))
         return response_object(
             request, f"resp_{suffix}", as_int(chat.get("created")) or int(time.time()),
-            status_of(finish), output,
-            response_usage(*usage_counts(chat.get("usage"))),
-            finish,
+            status_of(finish, request, completion), output,
+            response_usage(prompt, completion, cached), finish,
         )
 
     def stream_encoder(self, request: dict) -> ResponsesStreamEncoder:

@@ -75,9 +75,22 @@ def response_object(request: dict, response_id: str, created: int, status: str,
     }
 
 
-def status_of(finish_reason: str | None) -> str:
-    """Response status for an engine finish reason."""
-    return "incomplete" if finish_reason in ("length", "content_filter") else "completed"
+def status_of(finish_reason: Any, request: dict, completion_tokens: int) -> str:
+    """Response status for an engine finish reason.
+
+    A stop at a token limit is `incomplete` only when it is the agent's own
+    `max_output_tokens`. The capture proxy caps every call with the session's `max_tokens`,
+    a limit Codex never asked for, and Codex 0.171 ends its whole run on `response.incomplete`
+    ("Incomplete response returned, reason: max_output_tokens", measured). Reporting that stop
+    as `completed` lets the rollout go on; the trace keeps the engine's real finish_reason.
+    """
+    if finish_reason == "content_filter":
+        return "incomplete"
+    if finish_reason != "length":
+        return "completed"
+    limit = request.get("max_output_tokens")
+    own_limit = isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+    return "incomplete" if own_limit and completion_tokens >= limit else "completed"
 
 
 def reasoning_item(item_id: str, text: str) -> dict:

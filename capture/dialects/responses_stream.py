@@ -267,7 +267,7 @@ class ResponsesStreamEncoder(StreamEncoder):
         out = b"" if self._started else self._start({})
         out += self._close_item()
         self._ended = True
-        status = status_of(self._finish)
+        status = status_of(self._finish, self._request, self._completion_tokens)
         usage = response_usage(self._prompt_tokens, self._completion_tokens, self._cached)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + self._event(kind, {"response": self._response(status, self._output, usage)})
