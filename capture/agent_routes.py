@@ -33,7 +33,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from .aux import aux_hint
 from .dialects import DIALECTS
 from .dialects.base import Dialect, DialectError, StreamEncoder
-from .errors import AgentDisconnected, BadRequest, CaptureError, UpstreamError
+from .errors import (
+    AgentDisconnected,
+    BadRequest,
+    CaptureError,
+    EngineNoTokenIds,
+    UpstreamError,
+)
 from .recorder import CallRecorder
 from .sessions import Session
 from .upstream import JSON_ERRORS, EngineStream, loads
@@ -168,8 +174,8 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
     recorder = CallRecorder()
     if not stream:
         try:
-            reply = await state.engine.complete(chat)
-            recorder.add_reply(reply)
+            reply, prompt = await state.engine.complete(chat)
+            recorder.add_reply(reply, prompt)
             capture = recorder.result()
         except UpstreamError as exc:
             _finish_failed(state, session, call_id, exc, info, started)
@@ -208,6 +214,8 @@ class _Relay:
                 data = self.encoder.on_chunk(chunk)
                 if data:
                     yield data
+            if self.upstream.prompt is not None:
+                self.recorder.set_prompt(self.upstream.prompt)
             capture = self.recorder.result()
             self.recorded = True
             _finish_ok(self.state, self.session, self.call_id, self.recorder, capture, self.info,
@@ -259,7 +267,10 @@ def _finish_ok(state: CaptureState, session: Session, call_id: str, recorder: Ca
     info["usage"] = capture.usage
     info["masked_logprobs"] = capture.missing_logprobs
     info["response"] = {"message": capture.message, "finish_reason": capture.finish_reason}
-    session.record_ok(call_id, capture, info)
+    try:
+        session.record_ok(call_id, capture, info)
+    except (ValueError, TypeError, OverflowError) as exc:  # ids that are not int32 token ids
+        session.record_failed(call_id, EngineNoTokenIds(f"valid token ids ({exc})"), info)
 
 
 def _finish_failed(state: CaptureState, session: Session, call_id: str, error: Exception,

@@ -20,11 +20,12 @@ Decisions, and the measured reasons behind them:
   * Storage is per node: only the prompt tokens this node adds after its parent's end (`seg`) and
     its completion, as `array('i')`. A 150-turn session whose history reaches 41k tokens holds ~41k
     ids, not 150 copies of a growing prompt (OpenEnv's graph held ~283 MB for such a session).
-  * Parent lookup is a descent of the prefix tree, not a rescan of every earlier call: the few most
-    recent leaves ("hot" leaves) keep their whole end sequence, so the usual call (the agent's next
-    turn) is found with one C-level compare of its prompt against one stored array, and only the
-    new tokens are copied. A miss falls back to descending from the roots, comparing each child's
-    own span once. Python-level work is O(new tokens + branching), never O(calls x history).
+  * Parent lookup never rescans every earlier call. The few most recent leaves ("hot" leaves)
+    keep their whole end sequence as id text (capture.tokens), so the usual call (the agent's next
+    turn) is found with one memcmp of its prompt text against one stored text, and only the ids
+    after the parent's end are parsed: Python-level work is O(new tokens), the history is touched
+    only by C-level compares. A miss (a new root, a branch that left the hot set) parses the prompt
+    once and descends the prefix tree from the roots, comparing each child's own span once.
   * Calls are added when they COMPLETE. A descendant's prompt contains its ancestor's completion,
     so an ancestor always completes before a descendant starts: arrival order is causal order and
     no late re-parenting is needed (OpenEnv needed it because it inserted in a different order).
@@ -41,10 +42,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .tokens import IdText
+
 __all__ = ["HOT_LEAVES", "Node", "RolloutGraph"]
 
 # How many recent leaves keep their whole token sequence for the fast parent check. Each costs
-# 4 bytes x history length (164 KB at 41k tokens); parallel subagents rarely exceed a handful.
+# ~6 bytes of id text per token of history (~250 KB at 41k ids); parallel subagents rarely exceed a
+# handful.
 HOT_LEAVES = 4
 
 
@@ -109,8 +113,9 @@ class RolloutGraph:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self.roots: list[Node] = []
-        # node_id -> the node's whole end sequence (prompt + completion), for the newest leaves.
-        self._hot: dict[str, array] = {}
+        # node_id -> the node's whole end sequence (prompt + completion) as id text
+        # (capture.tokens), for the newest leaves.
+        self._hot: dict[str, bytes] = {}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -119,24 +124,23 @@ class RolloutGraph:
         return iter(self.nodes.values())
 
     # --- ingestion ------------------------------------------------------------------------
-    def find_parent(self, prompt: array) -> Node | None:
-        """The node whose prompt+completion is the longest exact prefix of `prompt`."""
-        n = len(prompt)
-        best: Node | None = None
+    def _hot_parent(self, prompt: IdText) -> tuple[Node, bytes] | None:
+        """The longest hot leaf whose whole sequence is a prefix of `prompt` (compared as text)."""
+        n = prompt.n
+        best: tuple[Node, bytes] | None = None
         for node_id, whole in self._hot.items():
             node = self.nodes[node_id]
-            end = len(whole)
             if (
                 node.prompt_len < n
-                and end <= n
-                and (best is None or end > best.end)
-                and prompt[:end] == whole
+                and node.end <= n
+                and (best is None or node.end > best[0].end)
+                and prompt.extends(whole)
             ):
-                best = node
-        if best is not None:
-            # A hot node is a leaf when it becomes hot, but may have grown children since.
-            deeper = self._descend(prompt, best.children, best)
-            return deeper
+                best = (node, whole)
+        return best
+
+    def find_parent(self, prompt: array) -> Node | None:
+        """The node whose prompt+completion is the longest exact prefix of `prompt` (ids)."""
         return self._descend(prompt, self.roots, None)
 
     def _descend(self, prompt: array, frontier: list[Node], best: Node | None) -> Node | None:
@@ -157,26 +161,39 @@ class RolloutGraph:
     def add(
         self,
         node_id: str,
-        prompt_ids: list[int] | array,
+        prompt_ids: IdText | list[int] | array,
         completion_ids: list[int] | array,
         logprobs: list[float] | array,
         info: dict[str, Any] | None = None,
     ) -> Node:
-        """Insert a completed call, finding its parent by exact prefix. Returns the new node."""
-        prompt = prompt_ids if isinstance(prompt_ids, array) else array("i", prompt_ids)
-        parent = self.find_parent(prompt)
-        start = parent.end if parent is not None else 0
+        """Insert a completed call, finding its parent by exact prefix. Returns the new node.
+
+        The usual call extends a hot leaf: its prompt is compared to the leaf's ids as text and only
+        the ids after the leaf's end are parsed. Otherwise the prompt is parsed once and the tree
+        is descended from the roots.
+        """
+        prompt = prompt_ids if isinstance(prompt_ids, IdText) else IdText.from_ids(prompt_ids)
+        completion = completion_ids if isinstance(completion_ids, array) else array(
+            "i", completion_ids)
+        hot = self._hot_parent(prompt)
+        if hot is not None and not hot[0].children:
+            parent, whole = hot
+            seg = prompt.ids_after(whole)
+        else:
+            ids = prompt.ids()
+            parent = self.find_parent(ids)
+            seg = ids[parent.end:] if parent is not None else ids
         node = Node(
             node_id=node_id,
-            start=start,
-            seg=prompt[start:],
-            completion=array("i", completion_ids),
+            start=parent.end if parent is not None else 0,
+            seg=seg,
+            completion=completion,
             logprobs=logprobs if isinstance(logprobs, array) else array("d", logprobs),
             info=info or {},
         )
         self._link(node, parent)
-        whole = prompt
-        whole.extend(node.completion)  # `prompt` is ours to mutate: it becomes the hot sequence
+        tail = ",".join(map(str, completion)).encode()
+        whole = prompt.text + b"," + tail if tail and prompt.text else prompt.text + tail
         self._make_hot(node, whole)
         return node
 
@@ -196,7 +213,7 @@ class RolloutGraph:
         for node in leaves[-HOT_LEAVES:]:
             whole = node.prompt_ids()
             whole.extend(node.completion)
-            self._hot[node.node_id] = whole
+            self._hot[node.node_id] = IdText.from_ids(whole).text
 
     def _link(self, node: Node, parent: Node | None) -> None:
         node.parent = parent
@@ -207,7 +224,7 @@ class RolloutGraph:
         else:
             parent.children.append(node)
 
-    def _make_hot(self, node: Node, whole: array) -> None:
+    def _make_hot(self, node: Node, whole: bytes) -> None:
         if node.parent is not None:
             self._hot.pop(node.parent.node_id, None)
         self._hot[node.node_id] = whole

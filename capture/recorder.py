@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import EngineNoTokenIds
+from .tokens import IdText
 
 __all__ = ["Capture", "CallRecorder"]
 
@@ -36,7 +37,7 @@ _NAN = float("nan")
 class Capture:
     """The token record of one successful engine call."""
 
-    prompt_ids: array  # array('i')
+    prompt_ids: IdText  # the engine's prompt ids, as text (parsed only where new: graph.add)
     completion_ids: array  # array('i')
     logprobs: array  # array('d'), NaN where missing
     missing_logprobs: dict[str, int]  # reason -> count of completion tokens without a logprob
@@ -72,8 +73,9 @@ class CallRecorder:
         self._usage: dict[str, Any] = {}
 
     # --- input ----------------------------------------------------------------------------
-    def add_reply(self, reply: dict[str, Any]) -> None:
-        self._prompt = reply.get("prompt_token_ids")
+    def add_reply(self, reply: dict[str, Any], prompt: IdText | None = None) -> None:
+        """A whole reply; `prompt` is its prompt ids already cut out of the raw bytes (tokens)."""
+        self._prompt = prompt if prompt is not None else reply.get("prompt_token_ids")
         choice = _first_choice(reply)
         self._take_tokens(choice)
         message = choice.get("message")
@@ -91,6 +93,10 @@ class CallRecorder:
         self._finish = choice.get("finish_reason") or self._finish
         if isinstance(reply.get("usage"), dict):
             self._usage = reply["usage"]
+
+    def set_prompt(self, prompt: IdText) -> None:
+        """The streamed reply's prompt ids, cut out of its first event by the engine client."""
+        self._prompt = prompt
 
     def add_chunk(self, chunk: dict[str, Any]) -> None:
         if self._prompt is None and chunk.get("prompt_token_ids") is not None:
@@ -181,21 +187,23 @@ class CallRecorder:
 
     def result(self) -> Capture:
         """The call's capture; raises EngineNoTokenIds if the engine sent no usable ids."""
-        if not isinstance(self._prompt, list) or not self._prompt:
+        prompt_ids = self._prompt
+        if isinstance(prompt_ids, list) and prompt_ids:
+            prompt_ids = IdText.from_ids(prompt_ids)
+        if not isinstance(prompt_ids, IdText) or not prompt_ids.n:
             raise EngineNoTokenIds("prompt_token_ids")
         if not self._ids and self._usage.get("completion_tokens"):
             # The engine sampled tokens but did not say which: return_token_ids was ignored.
             # (Zero sampled tokens with usage agreeing is a legitimate, empty, completion.)
             raise EngineNoTokenIds("choices[0].token_ids")
         try:
-            prompt = array("i", self._prompt)
             completion = array("i", self._ids)
-        except (TypeError, OverflowError) as exc:
+            if prompt_ids.text.translate(None, b"0123456789,"):  # C-speed: digits and commas only
+                raise ValueError("prompt ids must be non-negative integers")
+        except (TypeError, OverflowError, ValueError) as exc:
             raise EngineNoTokenIds(f"valid token ids ({exc})") from exc
-        if min(prompt) < 0 or (completion and min(completion) < 0):
-            raise EngineNoTokenIds("non-negative token ids")
         return Capture(
-            prompt_ids=prompt,
+            prompt_ids=prompt_ids,
             completion_ids=completion,
             logprobs=array("d", self._lps),
             missing_logprobs=dict(self._lp_missing),

@@ -186,7 +186,8 @@ def test_streamed_tokens_reach_the_agent_as_the_engine_makes_them(client, fake):
         first_byte = time.monotonic() - started
         list(lines)
         total = time.monotonic() - started
-    assert first_byte < 0.3 and total > 0.8  # not buffered until the end
+    # not buffered until the end: the first event comes long before the last (~1 s of tokens)
+    assert total > 0.8 and first_byte < total / 3, (first_byte, total)
 
 
 def test_malformed_json_is_a_400_with_a_clear_message(client):

