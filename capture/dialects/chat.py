@@ -25,6 +25,10 @@ What changes on the way in (what vLLM 0.32 rejects or mis-renders):
 - `max_completion_tokens` (newer OpenAI clients) becomes `max_tokens`, the one field the
   core's sampling policy caps.
 
+A stop at the proxy's token cap stays `finish_reason: "length"` here: both chat agents take
+it in their stride (opencode ends the step; mini-swe-agent tells the model its output hit the
+limit, a useful signal), unlike Codex and Claude Code, whose dialects soften it.
+
 What changes on the way out: engine-only fields are stripped (`prompt_token_ids`,
 `choices[].token_ids`, `prompt_logprobs`, `kv_transfer_params`, vLLM's `stop_reason`), and
 `logprobs` unless the agent asked for them; `model` is the name the agent asked for.

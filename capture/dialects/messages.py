@@ -12,6 +12,9 @@ Wire facts
   Its aux calls (title/summary/compaction prompts, or no tools) are tagged by the core.
 - Reply: a `message` with content blocks in order thinking?, text?, tool_use*; `stop_reason`
   end_turn | max_tokens | tool_use | stop_sequence | refusal; usage input/output tokens.
+  `max_tokens` only when the agent's own max_tokens was reached: a stop at the proxy's lower
+  cap ends the turn, because Claude Code retries and then aborts on max_tokens (measured; see
+  `messages_items.stop_fields`).
 - SSE: message_start, ping, content_block_start/delta/stop per block, message_delta,
   message_stop; `error` events on failure (see `messages_stream`).
 - Errors: `{"type": "error", "error": {"type": ..., "message": ...}}`.

@@ -15,8 +15,10 @@ Wire facts
   (`function_call`, `custom_tool_call` or `local_shell_call`).
 - SSE (named events, each with a rising `sequence_number`), see `responses_stream`:
   response.created, response.in_progress, then per item response.output_item.added ...
-  response.output_item.done, and finally response.completed (or response.incomplete when the
-  engine stopped at the token limit). Errors: `error` then `response.failed`.
+  response.output_item.done, and finally response.completed (response.incomplete only when
+  the agent's own `max_output_tokens` was reached: Codex aborts its run on it, so a stop at
+  the proxy's cap is reported completed, see `responses_items.status_of`). Errors: `error`
+  then `response.failed`.
 
 IDs: the response id is `resp_` + the engine completion id; item ids derive from it, and a tool
 call's `call_id` is the engine's tool call id unchanged, so results pair with calls across turns.

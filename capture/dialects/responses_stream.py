@@ -16,7 +16,8 @@ Event order, one output item at a time (an item is closed before the next one op
                                             streams JSON `{"input": ...}`, the agent wants the
                                             raw string)
     local_shell: output_item.added, output_item.done  (whole, for the same reason)
-    response.completed | response.incomplete   (full response with output and usage)
+    response.completed | response.incomplete   (full response with output and usage;
+                                                incomplete only at the agent's own limit)
     on failure: error, response.failed
 
 Text and function arguments are passed on the moment the engine sends them. vLLM's hermes
