@@ -116,7 +116,9 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
                 loss_type=args.loss_type, epsilon=args.epsilon, epsilon_high=args.epsilon_high,
                 is_cap=args.is_cap, beta=args.beta, ref_logp=ref_logp, entropy=entropy,
             )
-            loss.backward()
+            # FSDP averages gradients over ranks, but token_weight already normalises over the
+            # whole step (all ranks), so each rank's share must be summed: undo the average.
+            (loss * dist_info.world_size if dist_info.distributed else loss).backward()
             t_compute += time.perf_counter() - t0
             loss_total += float(loss.detach())
             for k, v in stats.items():
