@@ -114,8 +114,8 @@ def _custom_description(tool: dict) -> str:
     return description
 
 
-def translate_tools(tools: Any) -> tuple[list[dict], dict[str, ToolRoute]]:
-    """Responses tools -> (chat tools, chat name -> route back)."""
+def translate_tools(tools: Any, *, build: bool = True) -> tuple[list[dict], dict[str, ToolRoute]]:
+    """Responses tools -> (chat tools, chat name -> route back); `build=False`: routes only."""
     if tools is None:
         return [], {}
     require(tools, list, "tools")
@@ -128,6 +128,8 @@ def translate_tools(tools: Any) -> tuple[list[dict], dict[str, ToolRoute]]:
         if chat_name in routes:
             raise DialectError(f"tools declares {chat_name!r} twice")
         routes[chat_name] = route
+        if not build:
+            return
         if route.kind == "custom":
             chat_tools.append(_function(chat_name, _custom_description(tool), {
                 "type": "object", "properties": {"input": {"type": "string"}},
@@ -174,7 +176,7 @@ def translate_tools(tools: Any) -> tuple[list[dict], dict[str, ToolRoute]]:
 def tool_routes(request: dict) -> dict[str, ToolRoute]:
     """Chat tool name -> route back, for a request that already passed `responses_to_chat`."""
     try:
-        return translate_tools(request.get("tools"))[1]
+        return translate_tools(request.get("tools"), build=False)[1]
     except DialectError:
         return {}
 

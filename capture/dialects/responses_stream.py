@@ -63,7 +63,7 @@ class ResponsesStreamEncoder(StreamEncoder):
 
     def __init__(self, request: dict) -> None:
         self._request = request
-        self._routes = tool_routes(request)
+        self._routes: dict[str, ToolRoute] | None = None  # built at the first tool call
         self._seq = 0
         self._started = False
         self._ended = False
@@ -196,6 +196,8 @@ class ResponsesStreamEncoder(StreamEncoder):
         if call is not self._open_call:
             # A late fragment for a call already closed: its item is final; keep the text only.
             return out
+        if self._routes is None:
+            self._routes = tool_routes(self._request)
         call.route = self._routes.get(call.name)
         streams = call.route is None or call.route.kind == "function"
         if streams and call.name and not call.opened:
