@@ -232,9 +232,7 @@ class HarborSession(ResourceSession):
         AgentStartError when it exited non-zero before its first model call."""
         task = self._require_agent_task()
         limit = self._agent_timeout() if timeout_s is None else timeout_s
-        guard = None
-        if not self.config.agent_cls.NATIVE_STEP_LIMIT:
-            guard = asyncio.create_task(self._step_guard(task))
+        guard = asyncio.create_task(self._step_guard(task, self._call_ceiling()))
         try:
             # asyncio.wait, not wait_for: it neither cancels the agent nor raises its errors, so
             # a cancel of *this* call still propagates while the agent's own end is inspected.
@@ -243,16 +241,15 @@ class HarborSession(ResourceSession):
                 self.timed_out = True
                 await cancel_and_wait(task)
         finally:
-            if guard is not None:
-                guard.cancel()
-                await asyncio.wait({guard})
+            guard.cancel()
+            await asyncio.wait({guard})
             self.timings["agent_run"] = time.monotonic() - self._agent_started_at
         if self.timed_out:
             raise AgentTimeoutError(
                 f"{self._agent_name()} ran past its {limit:.0f} s limit on task {self.task_id}; "
                 "it was stopped (captured turns are kept). Raise agent_timeout_s to allow more."
             )
-        if task.cancelled():  # the step guard stopped it at max_steps: a normal end of a run
+        if task.cancelled():  # the step guard stopped it at its call ceiling: a normal end
             self.exit_code = -1
             return self.exit_code
         exc = task.exception()
@@ -372,17 +369,24 @@ class HarborSession(ResourceSession):
                 f"running {agent.NAME} in the sandbox failed: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _step_guard(self, task: asyncio.Task[None]) -> None:
-        """For CLIs without a step limit: stop the agent once the proxy saw max_steps turns."""
+    def _call_ceiling(self) -> int:
+        """Engine calls after which the session stops the agent itself.
+
+        A CLI without a step option (Codex) is stopped at max_steps. A CLI with one gets room
+        above it: its own limit is soft (opencode's `steps` only withdraws the tools, and a model
+        that calls tools anyway went on for 65 calls in 120 s, measured against capture's fake
+        engine), and aux calls (titles, summaries) count at the proxy too.
+        """
+        steps = self.config.max_steps
+        return steps * 2 + 4 if self.config.agent_cls.NATIVE_STEP_LIMIT else steps
+
+    async def _step_guard(self, task: asyncio.Task[None], ceiling: int) -> None:
+        """Stop the agent once the proxy counted `ceiling` engine calls in this session."""
         while not task.done():
             await asyncio.sleep(_STEP_POLL_S)
             with contextlib.suppress(Exception):
-                if await self._model_calls() >= self.config.max_steps:
-                    log.info(
-                        "%s reached %d steps; stopping it",
-                        self._agent_name(),
-                        self.config.max_steps,
-                    )
+                if await self._model_calls() >= ceiling:
+                    log.info("%s reached %d engine calls; stopping it", self._agent_name(), ceiling)
                     await cancel_and_wait(task)
                     return
 
