@@ -45,7 +45,7 @@ from harness.proxy_link import ADMIN_KEY_ENV, ProxyLink
 from harness.rollout import RolloutResult
 from harness.session import HarborSession, SandboxBackend, SandboxRequest, SessionConfig
 
-__all__ = ["HarborSessionFactory", "ProxyLink"]
+__all__ = ["HarborSessionFactory", "ProxyLink", "match_task", "resolve_split", "sandbox_backend"]
 
 log = logging.getLogger(__name__)
 
