@@ -27,6 +27,7 @@ import asyncio
 import copy
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -39,7 +40,7 @@ from trainer.distributed import DistInfo, init_distributed, shard_model
 from trainer.groups import PreparedGroup, group_metrics, prepare_group
 from trainer.loop import StepInput, run_step, step_input_from_groups
 from trainer.metrics import MetricsWriter
-from trainer.producer import RolloutProducer
+from trainer.producer import FinishedGroup, RolloutProducer
 from trainer.rewards import RewardFunc, normalize_reward_funcs
 from trainer.rollouts import as_rollout_source
 
@@ -177,7 +178,7 @@ class HarnessAsyncGRPOTrainer:
             self.source, num_generations=a.num_generations, groups_per_step=a.groups_per_step,
             max_staleness=a.max_staleness, max_concurrent_rollouts=a.max_concurrent_rollouts,
             start_group=self.state.next_group_index, version=lambda: self.state.policy_version,
-            train_dataset=self.train_dataset,
+            train_dataset=self.train_dataset, prepare=self._prepare_group,
         )
         names = [f.name for f in self.reward_funcs]
         producer.start()
@@ -197,15 +198,16 @@ class HarnessAsyncGRPOTrainer:
             writer.close()
         return self.history
 
-    def _prepare_and_step(self, finished: list, names: list[str], save: bool) -> dict[str, float]:
-        import time
+    def _prepare_group(self, f: FinishedGroup) -> PreparedGroup:
+        """Runs in a producer thread when group f is whole (see RolloutProducer)."""
+        return prepare_group(f.results, group_index=f.index, reward_funcs=self.reward_funcs,
+                             scale_rewards=self.args.scale_rewards,
+                             dispatch_version=f.dispatch_version)
 
+    def _prepare_and_step(self, finished: list, names: list[str], save: bool) -> dict[str, float]:
         t0 = time.perf_counter()
         groups: list[PreparedGroup] = [
-            prepare_group(f.results, group_index=f.index, reward_funcs=self.reward_funcs,
-                          scale_rewards=self.args.scale_rewards,
-                          dispatch_version=f.dispatch_version)
-            for f in finished
+            f.prepared if f.prepared is not None else self._prepare_group(f) for f in finished
         ]
         inp: StepInput = step_input_from_groups(groups, sync=self.weight_sync is not None,
                                                 save=save)

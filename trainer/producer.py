@@ -46,6 +46,7 @@ class FinishedGroup:
     dispatch_version: int  # trainer policy version when the group was dispatched
     dispatched_at: float
     finished_at: float = field(default_factory=time.monotonic)
+    prepared: Any = None  # what `prepare(group)` returned (rows etc.), built off the step's path
 
 
 class RolloutProducer:
@@ -60,6 +61,7 @@ class RolloutProducer:
         start_group: int,
         version: Callable[[], int],
         train_dataset: Sequence[Any] | None = None,
+        prepare: Callable[[FinishedGroup], Any] | None = None,
     ):
         self.source = source
         self.num_generations = num_generations
@@ -67,6 +69,7 @@ class RolloutProducer:
         self.max_staleness = max_staleness
         self.version = version
         self.train_dataset = train_dataset
+        self.prepare = prepare
         self.next_dispatch = start_group
         self.next_release = start_group
         self._steps_done = start_group // groups_per_step
@@ -127,12 +130,21 @@ class RolloutProducer:
             task = self.train_dataset[g % len(self.train_dataset)]
         results = await asyncio.gather(*(self._one(g, k, task) for k in range(self.num_generations)),
                                        return_exceptions=True)
+        group = FinishedGroup(g, list(results), version, t0)
+        error = next((r for r in results if isinstance(r, BaseException)
+                      and not isinstance(r, asyncio.CancelledError)), None)
+        if error is None and self.prepare is not None:
+            # Scoring and trace -> rows run in a thread as soon as the group is whole, so the
+            # step that consumes it only packs (and a CaptureError surfaces here, early).
+            try:
+                group.prepared = await asyncio.to_thread(self.prepare, group)
+            except Exception as exc:
+                error = exc
         async with self._changed:
-            for r in results:
-                # A CaptureError (or anything _one did not turn into a Rollout) stops the run.
-                if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
-                    self._error = r
-            self._done[g] = FinishedGroup(g, list(results), version, t0)
+            # A CaptureError (or anything _one did not turn into a Rollout) stops the run.
+            if error is not None:
+                self._error = error
+            self._done[g] = group
             self._changed.notify_all()
 
     async def _one(self, g: int, k: int, task: Any) -> Any:

@@ -142,6 +142,11 @@ def _get(turn: Any, name: str, default: Any = None) -> Any:
     return turn.get(name, default) if isinstance(turn, dict) else getattr(turn, name, default)
 
 
+def _only_ints(xs: list) -> bool:
+    # map(type) + set run in C: ~10x faster than a generator over a 30k-token prompt.
+    return set(map(type, xs)) == {int}
+
+
 def _check_turn(turn: Any, index: int, report: RowsReport) -> tuple | None:
     """Validate one turn; return its fields, or None when a FATAL finding was recorded."""
     node = _get(turn, "node_id") or f"#{index}"
@@ -156,7 +161,7 @@ def _check_turn(turn: Any, index: int, report: RowsReport) -> tuple | None:
         report.add(FATAL, "no_prompt_ids", f"{tag}: no prompt_token_ids; the engine must run with "
                    "--return-tokens-as-token-ids and the proxy must keep prompt_token_ids")
     for what, ids in (("prompt", prompt), ("completion", completion)):
-        if ids and (any(type(t) is not int for t in ids) or min(ids) < 0):
+        if ids and (not _only_ints(ids) or min(ids) < 0):
             report.add(FATAL, "invalid_token_id", f"{tag}: {what} ids must be non-negative ints")
     if logps is None or len(logps) != len(completion):
         got = "none" if logps is None else len(logps)
@@ -168,7 +173,7 @@ def _check_turn(turn: Any, index: int, report: RowsReport) -> tuple | None:
     if mask is None or len(mask) != len(prompt) + len(completion):
         report.add(FATAL, "length_mismatch", f"{tag}: loss_mask must cover prompt + completion "
                    f"({len(prompt)} + {len(completion)}), got {None if mask is None else len(mask)}")
-    elif any(m not in (0, 1) or type(m) is not int for m in mask):
+    elif not _only_ints(mask) or not set(mask) <= {0, 1}:
         report.add(FATAL, "invalid_loss_mask", f"{tag}: loss_mask must hold only ints 0 and 1")
     elif any(mask[: len(prompt)]):
         report.add(FATAL, "trainable_prompt", f"{tag}: prompt positions must have mask 0; "
