@@ -23,7 +23,13 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.preflight import preflight
-from harness.run_config import RunSettings, SettingsError, build_parser, settings_from_args
+from harness.run_config import (
+    RunSettings,
+    SettingsError,
+    build_parser,
+    quiet_harbor,
+    settings_from_args,
+)
 from harness.run_records import RecordingFactory
 from harness.stack import RunStack
 
@@ -98,6 +104,7 @@ def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser("python -m harness.eval", __doc__.split("\n\n")[0], eval_mode=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_harbor()
     try:
         run_eval(settings_from_args(parser, argv))
     except SettingsError as exc:

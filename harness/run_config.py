@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "settings_from_args"]
+__all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "quiet_harbor",
+           "settings_from_args"]
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 
@@ -205,3 +206,12 @@ def settings_from_args(parser: argparse.ArgumentParser, argv: list[str] | None) 
     if settings.reward_funcs is None:
         settings.reward_funcs = []
     return settings
+
+
+def quiet_harbor() -> None:
+    """Harbor sets its root logger to DEBUG at import; a run's console shows warnings and up."""
+    import logging
+
+    from harbor.utils.logger import logger as harbor_logger
+
+    harbor_logger.setLevel(logging.WARNING)

@@ -36,6 +36,7 @@ from harness.run_config import (
     build_parser,
     load_callable,
     parse_reward_funcs,
+    quiet_harbor,
     settings_from_args,
 )
 from harness.run_records import RecordingFactory, summary_tables
@@ -67,6 +68,22 @@ def _factory_fn(settings: RunSettings, stack: RunStack, run_dir: Path):
         return RecordingFactory(factory, run_dir)
 
     return make
+
+
+TINY_MODEL_REWARD = "examples.reward_fns:shaped_reward"
+
+
+def _reward_choice(settings: RunSettings) -> tuple[str | None, str]:
+    """Which rollout_reward_fn this run uses, and why (decided once, printed at start)."""
+    if settings.reward_fn:
+        return settings.reward_fn, f"--reward-fn {settings.reward_fn}"
+    if settings.model is None and not settings.reward_funcs:
+        # The tiny model knows the tool-call format, not the tasks: verifier rewards are almost
+        # always 0, every group would have zero variance and no step would train. A small bonus
+        # for clean tool use gives GRPO a signal; unscored rollouts stay unscored.
+        return TINY_MODEL_REWARD, (f"{TINY_MODEL_REWARD} (tiny default model: the verifier reward "
+                                   "plus a clean-tool-use bonus; --reward-fn to change)")
+    return None, "the verifier's env_reward as is"
 
 
 def _follow(settings: RunSettings) -> dict:
@@ -115,7 +132,9 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         if stack.weight_backend is not None:
             weight_sync = VLLMWeightSync(stack.engine_url, stack.weight_backend,
                                          on_version=capture.set_weight_version)
-        reward_fn = load_callable(settings.reward_fn) if settings.reward_fn else None
+        reward_spec, why = _reward_choice(settings)
+        console.print(f"[bold]reward[/] {why}")
+        reward_fn = load_callable(reward_spec) if reward_spec else None
         reward_funcs = [RewardFunc(name, fn, weight)
                         for name, fn, weight in parse_reward_funcs(settings.reward_funcs or [])]
         make_factory = _factory_fn(settings, stack, run_dir)
@@ -166,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser("python -m harness.train", __doc__.split("\n\n")[0])
     console = Console(stderr=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_harbor()
     try:
         settings = settings_from_args(parser, argv)
         run_training(settings, Console())

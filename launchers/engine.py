@@ -154,7 +154,7 @@ class Engine:
         dtype: str = "auto",
         tool_call_parser: str = "hermes",
         log_path: str | Path | None = None,
-        startup_timeout_s: float = 300.0,
+        startup_timeout_s: float = 900.0,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
     ) -> None:
