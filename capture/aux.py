@@ -37,16 +37,18 @@ HINT_CHARS = 400
 
 def aux_hint(messages: list[Any]) -> str:
     """A short lowercase excerpt (system prompt head + last user text) kept per call for export."""
+    # Only the ends of the list are read (the system prompt leads, the newest user turn trails),
+    # so the cost does not grow with the history.
     system = ""
-    last_user = ""
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        role = message.get("role")
-        if role == "system" and not system:
+    for message in messages[:4]:
+        if isinstance(message, dict) and message.get("role") == "system":
             system = _text(message.get("content"))[:HINT_CHARS]
-        elif role == "user":
-            last_user = message.get("content")  # type: ignore[assignment]
+            break
+    last_user: Any = ""
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            last_user = message.get("content")
+            break
     return f"{system}\n{_text(last_user)[:HINT_CHARS]}".lower()
 
 

@@ -117,36 +117,45 @@ def _why_nothing(session: Session, plan: ExportPlan, missing: dict[str, int],
     return reasons or ["no retained call has a trainable token"]
 
 
-def _ids_text(values: Any) -> str:
-    return ",".join(map(str, values))
+def _ids_bytes(values: Any) -> bytes:
+    return ",".join(map(str, values)).encode()
+
+
+def _join(*parts: bytes) -> bytes:
+    return b",".join(part for part in parts if part)
 
 
 def iter_turn_json(plan: ExportPlan) -> Iterator[bytes]:
-    """Each retained turn as one JSON object (bytes), in arrival order."""
-    fragments: dict[str, tuple[str, str]] = {}  # node_id -> (new prompt ids, completion ids)
+    """Each retained turn as one JSON object (bytes), in arrival order.
 
-    def fragment(node: Node) -> tuple[str, str]:
-        cached = fragments.get(node.node_id)
-        if cached is None:
-            cached = (_ids_text(node.seg), _ids_text(node.completion))
-            fragments[node.node_id] = cached
-        return cached
-
+    A turn's prompt text is its parent's end text (kept until the parent's last child has used it)
+    plus its own new ids: one concatenation per turn, each node's ids formatted once.
+    """
+    ends: dict[str, bytes] = {}  # node_id -> prompt+completion ids text, while children need it
+    waiting: dict[str, int] = {}  # node_id -> children not yet exported
+    retained = {node.node_id for node, _ in plan.turns}
     session_id = plan.session.session_id
     for node, aux_reason in plan.turns:
-        pieces: list[str] = []
-        for ancestor in node.path()[:-1]:
-            seg_text, completion_text = fragment(ancestor)
-            pieces.append(seg_text)
-            pieces.append(completion_text)
-        seg_text, completion_text = fragment(node)
-        pieces.append(seg_text)
-        prompt_text = ",".join(piece for piece in pieces if piece)
+        parent = node.parent
+        if parent is None:
+            prefix = b""
+        elif parent.node_id in ends:
+            prefix = ends[parent.node_id]
+            waiting[parent.node_id] -= 1
+            if not waiting[parent.node_id]:
+                del ends[parent.node_id], waiting[parent.node_id]
+        else:  # parent not retained (cannot happen for a continued retry; kept for safety)
+            prefix = _ids_bytes(parent.prompt_ids()) + b"," + _ids_bytes(parent.completion)
+        prompt_text = _join(prefix, _ids_bytes(node.seg))
+        completion_text = _ids_bytes(node.completion)
+        children = sum(1 for child in node.children if child.node_id in retained)
+        if children:
+            ends[node.node_id] = _join(prompt_text, completion_text)
+            waiting[node.node_id] = children
         trainable = aux_reason is None
-        mask = ["1" if trainable and not math.isnan(x) else "0" for x in node.logprobs]
+        mask = b",".join(b"1" if trainable and not math.isnan(x) else b"0" for x in node.logprobs)
+        mask_text = _join((b"0," * node.prompt_len)[:-1], mask)
         logps = [0.0 if math.isnan(x) else x for x in node.logprobs]
-        prompt_mask = "0," * node.prompt_len
-        mask_text = prompt_mask + ",".join(mask) if mask else prompt_mask[:-1]
         info = node.info
         metadata = {
             "session_id": session_id,
@@ -168,10 +177,10 @@ def iter_turn_json(plan: ExportPlan) -> Iterator[bytes]:
         yield b"".join(
             (
                 b'{"node_id":', dumps(node.node_id),
-                b',"prompt_token_ids":[', prompt_text.encode(),
-                b'],"completion_token_ids":[', completion_text.encode(),
+                b',"prompt_token_ids":[', prompt_text,
+                b'],"completion_token_ids":[', completion_text,
                 b'],"per_token_logps":', dumps(logps),
-                b',"loss_mask":[', mask_text.encode(),
+                b',"loss_mask":[', mask_text,
                 b'],"request":', dumps(info.get("request", {})),
                 b',"response":', dumps(info.get("response", {})),
                 b',"metadata":', dumps(metadata),

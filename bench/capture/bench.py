@@ -265,11 +265,54 @@ async def ttfb(targets: list[Target]) -> None:
                   f"whole reply {1000 * statistics.median(totals):7.1f} ms")
 
 
+def in_process(turns: int = 150) -> None:
+    """Memory of a live session and the export's own build time, without HTTP or load noise."""
+    import tracemalloc
+    from array import array
+
+    from capture.export import trace_json
+    from capture.recorder import Capture
+    from capture.sampling import SamplingPolicy
+    from capture.sessions import Session
+    from capture.tokens import IdText
+
+    print(f"\n== in-process: one {turns}-turn session (7k-id root, +~230 ids and 16 sampled/turn) ==")
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    session = Session("bench", "secret", SamplingPolicy.from_dict(None))
+    prompt = list(range(1000, 8000))
+    for turn in range(turns):
+        completion = array("i", range(50_000 + 16 * turn, 50_000 + 16 * turn + 16))
+        capture = Capture(IdText.from_ids(prompt), completion, array("d", [-0.5] * 16), {},
+                          {"role": "assistant", "content": None, "tool_calls": [
+                              {"id": f"c{turn}", "type": "function",
+                               "function": {"name": "bash", "arguments": "{}"}}]}, "tool_calls")
+        messages = [{"role": "system", "content": SYSTEM}] + [
+            {"role": "tool", "content": TOOL_RESULT}] * (2 * turn + 1)
+        info = {"dialect": "chat", "n_tools": 10, "hint": "x" * 400, "sampling": {},
+                "request": {"tools": [t["function"]["name"] for t in TOOLS]},
+                "response": {"message": capture.message}, "_messages": messages}
+        session.record_ok(f"bench:{turn}", capture, info)
+        prompt = prompt + completion.tolist() + list(range(9000, 9230))
+    live = (tracemalloc.get_traced_memory()[0] - before) / 1e6
+    tracemalloc.stop()
+    started = time.process_time()
+    body = trace_json(session)
+    build = time.process_time() - started
+    print(f"  history {len(prompt)} ids; live session {live:.1f} MB (Python heap, tracemalloc); "
+          f"export built in {1000 * build:.0f} ms CPU ({len(body) / 1e6:.1f} MB of JSON)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-openenv", action="store_true")
+    parser.add_argument("--in-process-only", action="store_true")
     args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    in_process(40 if args.quick else 150)
+    if args.in_process_only:
+        return
     turns = 4 if args.quick else 8
     long_turns = 40 if args.quick else 150
     with_openenv = not (args.quick or args.no_openenv)
