@@ -19,6 +19,7 @@ and is counted (`packing/over_budget_rows`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 
 import torch
 
@@ -153,11 +154,10 @@ def pack_rows(
             ids.extend(row.input_ids)
             pos.extend(range(len(row)))
             w = 1.0 / total_tokens if norm == "token" else 1.0 / (n * total_rows)
-            for j, m in enumerate(mask):
-                if m:  # j >= 1: position 0 of a row is prompt context (validated in rows.py)
-                    index.append(offset + j - 1)
-                    targets.append(row.input_ids[j])
-                    blp.append(row.behaviour_logprobs[j])
+            # j >= 1 always: position 0 of a row is prompt context (validated in rows.py).
+            index.extend([offset + j - 1 for j in compress(range(len(mask)), mask)])
+            targets.extend(compress(row.input_ids, mask))
+            blp.extend(compress(row.behaviour_logprobs, mask))
             adv_t.extend([adv] * n)
             weight.extend([w] * n)
         stats.rows_packed += len(items)

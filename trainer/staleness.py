@@ -22,6 +22,7 @@ mismatch are one off-policy gap to the trainer, both measured against the behavi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 
 from trainer.rows import Row
 
@@ -57,24 +58,24 @@ def apply_staleness(
     """
     stats = StalenessStats()
     masks: list[list[int]] = []
+    bound = policy_version - max_staleness  # a token sampled before this is over the bound
     for row in rows:
-        mask = row.loss_mask
-        changed: list[int] | None = None
-        for i, (m, v) in enumerate(zip(row.loss_mask, row.version_start, strict=True)):
-            if not m:
-                continue
-            s = max(policy_version - v, 0)
-            stats.trainable_tokens += 1
-            stats.staleness_sum += s
-            stats.staleness_max = max(stats.staleness_max, s)
-            if s >= 1:
-                stats.stale_tokens += 1
-            if s > max_staleness:
-                stats.over_bound_tokens += 1
-                if rule == "drop":
-                    if changed is None:
-                        changed = list(mask)
-                    changed[i] = 0
-                    stats.dropped_tokens += 1
-        masks.append(changed if changed is not None else mask)
+        versions = list(compress(row.version_start, row.loss_mask))  # trainable tokens only
+        if not versions:
+            masks.append(row.loss_mask)
+            continue
+        ages = [max(policy_version - v, 0) for v in versions]
+        stats.trainable_tokens += len(ages)
+        stats.staleness_sum += sum(ages)
+        stats.staleness_max = max(stats.staleness_max, max(ages))
+        stats.stale_tokens += sum(1 for a in ages if a >= 1)
+        over = sum(1 for v in versions if v < bound)
+        stats.over_bound_tokens += over
+        if over and rule == "drop":
+            mask = [0 if (m and v < bound) else m
+                    for m, v in zip(row.loss_mask, row.version_start, strict=True)]
+            stats.dropped_tokens += over
+            masks.append(mask)
+        else:
+            masks.append(row.loss_mask)
     return masks, stats
