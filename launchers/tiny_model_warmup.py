@@ -133,4 +133,4 @@ def warm_up(model, tokenizer, seed: int, steps: int, batch_size: int = 8, lr: fl
         if log_every and step % log_every == 0:
             print(f"warm-up step {step}/{steps} loss {loss.item():.3f}", flush=True)
     model.eval()
-    return float(loss)
+    return loss.item()
