@@ -180,6 +180,8 @@ class FakeEngine:
                  "total_tokens": len(prompt) + len(completion)}
         finish = "tool_calls" if message.get("tool_calls") else "stop"
         if not body.get("stream"):
+            if self.token_delay_s:  # a whole reply takes as long as its tokens would stream
+                await asyncio.sleep(self.token_delay_s * len(completion))
             if fault and fault.startswith("disconnect"):
                 raise ConnectionAbortedError("fake engine drops the connection")
             choice = {"index": 0, "message": message, "finish_reason": finish,

@@ -115,9 +115,11 @@ class Target:
 
 # --- load -------------------------------------------------------------------------------------
 async def call(http: httpx.AsyncClient, base: str, headers: dict[str, str],
-               messages: list[dict], stream: bool) -> tuple[float, float, dict]:
+               messages: list[dict], stream: bool, tools: bool = True
+               ) -> tuple[float, float, dict]:
     """One chat call; returns (latency, time to first byte, assistant message)."""
-    body = orjson.dumps({"model": "fake", "messages": messages, "tools": TOOLS, "stream": stream})
+    body = orjson.dumps({"model": "fake", "messages": messages, "stream": stream,
+                         **({"tools": TOOLS} if tools else {})})
     started = time.perf_counter()
     if not stream:
         reply = await http.post(f"{base}/chat/completions", content=body,
@@ -257,8 +259,9 @@ async def ttfb(targets: list[Target]) -> None:
             base, headers = await target.session(http)
             firsts, totals = [], []
             for _ in range(5):
+                # no tools: the fake answers 150 content tokens, one SSE event each
                 total, first, _ = await call(
-                    http, base, headers, [{"role": "user", "content": "hi"}], True)
+                    http, base, headers, [{"role": "user", "content": "hi"}], True, tools=False)
                 firsts.append(first)
                 totals.append(total)
             print(f"  {target.name:>8}: first byte {1000 * statistics.median(firsts):7.1f} ms, "
@@ -308,6 +311,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-openenv", action="store_true")
     parser.add_argument("--in-process-only", action="store_true")
+    parser.add_argument("--ttfb-only", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     in_process(40 if args.quick else 150)
@@ -355,6 +359,9 @@ def main() -> None:
             slow_targets.append(openenv(slow))
 
         async def run() -> None:
+            if args.ttfb_only:
+                await ttfb(slow_targets)
+                return
             await concurrency(targets, turns)
             for target in targets[1:]:
                 await long_session(target, direct, long_turns)
