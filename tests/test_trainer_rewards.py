@@ -55,6 +55,7 @@ def test_a_reward_failure_is_counted_and_leaves_the_baseline():
                       group_index=0, reward_funcs=funcs, scale_rewards=False, dispatch_version=0)
     assert g.causes["reward_failure"] == 1 and g.reward_failures[0].startswith("r:")
     assert g.rewards == [1.0, None, 0.0]
+    assert group_metrics([g], ["r"])["rewards/r/failures"] == 1
     assert sorted(set(g.row_advantages)) == [-0.5, 0.5]  # baseline over {1, 0} only
 
 

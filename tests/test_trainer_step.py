@@ -191,7 +191,10 @@ def test_resume_after_a_kill_reproduces_the_data_position_and_the_weights(tmp_pa
     resumed = _trainer(_seeded_tiny_model(), out, source=_source(), max_steps=5,
                        save_steps=1, resume_from_checkpoint=True)
     assert (resumed.state.step, resumed.state.next_group_index) == (3, 3)
+    pushed: list[int] = []
+    resumed.weight_sync = type("Sync", (), {"push": lambda self, m, v: pushed.append(v)})()
     tail = resumed.train()
+    assert pushed == [3, 4, 5]  # the checkpoint's weights reach the engine before any rollout
     straight = _trainer(_seeded_tiny_model(), tmp_path / "straight", source=_source(),
                         max_steps=5)
     full = straight.train()

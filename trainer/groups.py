@@ -133,6 +133,10 @@ def group_metrics(groups: list[PreparedGroup], reward_names: list[str]) -> dict[
         m["rollout/correctness_mean"] = mean(env)
     m["tools/call_frequency"] = mean(calls)
     m["tools/failure_frequency"] = sum(fails) / sum(calls) if sum(calls) else 0.0
+    failures = Counter(f.split(":", 1)[0] for g in groups for f in g.reward_failures)
+    for name, n in failures.items():
+        m[f"rewards/{name}/failures"] = float(n)
+    m["rollouts/timed_out"] = float(sum(g.timed_out for g in groups))
     for cause, n in causes.items():
         m[f"rollouts/cause/{cause}"] = float(n)
     for reason, n in skipped.items():

@@ -36,7 +36,14 @@ import torch
 
 from trainer.checkpoint import TrainerState, find_latest, load_checkpoint, save_checkpoint
 from trainer.config import AsyncGRPOConfig
-from trainer.distributed import DistInfo, init_distributed, shard_model
+from trainer.distributed import (
+    DistInfo,
+    FullModelView,
+    broadcast_object,
+    full_state_dict,
+    init_distributed,
+    shard_model,
+)
 from trainer.groups import PreparedGroup, group_metrics, prepare_group
 from trainer.loop import StepInput, run_step, step_input_from_groups
 from trainer.metrics import MetricsWriter
@@ -153,11 +160,28 @@ class HarnessAsyncGRPOTrainer:
     # -- the outer loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
         """Run until `max_steps`; returns every step's metrics on rank 0 ([] elsewhere)."""
+        self._sync_resumed_weights()
         if not self.dist.is_main:
             while self._follower_step():
                 pass
             return []
         return asyncio.run(self._train_main())
+
+    def _sync_resumed_weights(self) -> None:
+        """After a resume the engine may still serve older weights (or the initial ones after a
+        restart): push the checkpoint's before any rollout samples from the engine."""
+        has_sync = broadcast_object(self.weight_sync is not None, self.dist)
+        if not has_sync or self.state.policy_version == 0:
+            return
+        if self.dist.distributed:
+            full = full_state_dict(self.model, self.dist)
+            if self.dist.is_main:
+                self.weight_sync.push(FullModelView(full, self.model), self.state.policy_version)
+        else:
+            self.weight_sync.push(self.model, self.state.policy_version)
+        if self.dist.is_main and self.on_version is not None:
+            self.on_version(self.state.policy_version)
+        log.info("pushed resumed weights (version %d) to the engine", self.state.policy_version)
 
     def _follower_step(self) -> bool:
         metrics = run_step(self, None)  # receives rank 0's StepInput via broadcast
