@@ -40,14 +40,17 @@ def env_or_none(outcome: Any) -> float | None:
 
 
 def shaped_reward(outcome: Any) -> float | None:
-    """The verifier's reward, plus a small bonus for using tools cleanly, minus one for timeouts.
+    """The verifier's reward, plus small format bonuses, minus a penalty for timeouts.
 
+    +0.1 for calling a tool at all (a format reward: the agent's loop only moves through tool
+    calls) and +0.1 more when none of its calls failed; -0.5 when it hit its time or step limit.
     Unscored stays unscored: shaping must not turn a rollout the verifier could not grade into a
     number.
     """
     if outcome.env_reward is None:
         return None
-    bonus = 0.1 if outcome.tool_call_count > 0 and outcome.tool_failure_count == 0 else 0.0
+    called = outcome.tool_call_count > 0
+    bonus = (0.1 if called else 0.0) + (0.1 if called and outcome.tool_failure_count == 0 else 0.0)
     penalty = 0.5 if outcome.timed_out else 0.0
     return float(outcome.env_reward) + bonus - penalty
 

@@ -79,10 +79,10 @@ def _reward_choice(settings: RunSettings) -> tuple[str | None, str]:
         return settings.reward_fn, f"--reward-fn {settings.reward_fn}"
     if settings.model is None and not settings.reward_funcs:
         # The tiny model knows the tool-call format, not the tasks: verifier rewards are almost
-        # always 0, every group would have zero variance and no step would train. A small bonus
-        # for clean tool use gives GRPO a signal; unscored rollouts stay unscored.
+        # always 0, every group would have zero variance and no step would train. Small format
+        # bonuses for calling tools give GRPO a signal; unscored rollouts stay unscored.
         return TINY_MODEL_REWARD, (f"{TINY_MODEL_REWARD} (tiny default model: the verifier reward "
-                                   "plus a clean-tool-use bonus; --reward-fn to change)")
+                                   "plus tool-call format bonuses; --reward-fn to change)")
     return None, "the verifier's env_reward as is"
 
 

@@ -98,7 +98,10 @@ def test_reward_functions_load_from_a_module_path_and_a_file_path() -> None:
     by_module = load_callable("examples.reward_fns:shaped_reward")
     by_file = load_callable(f"{EXAMPLES}:shaped_reward")
     outcome = SimpleNamespace(env_reward=1.0, tool_call_count=2, tool_failure_count=0, timed_out=False)
-    assert by_module(outcome) == by_file(outcome) == pytest.approx(1.1)  # 1.0 + 0.1 clean-tools bonus
+    # 1.0 verifier + 0.1 for calling tools + 0.1 because none failed
+    assert by_module(outcome) == by_file(outcome) == pytest.approx(1.2)
+    failing = SimpleNamespace(env_reward=0.0, tool_call_count=2, tool_failure_count=1, timed_out=True)
+    assert by_module(failing) == pytest.approx(0.1 - 0.5)  # called tools, one failed, timed out
 
 
 def test_shaped_reward_keeps_unscored_rollouts_unscored() -> None:
