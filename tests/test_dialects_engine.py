@@ -131,7 +131,12 @@ def test_streamed_reply_says_what_the_plain_reply_says(engine, agent, stem):
     plain = DIALECTS[name].from_chat(
         _complete(engine, _engine_body(engine, name, body, stream=False)), body)
     data = _encode(name, body, _chunks(engine, _engine_body(engine, name, body, stream=True)))
-    assert _streamed_text(name, data) == _agent_text(name, plain)  # greedy: same tokens
+    streamed, whole = _streamed_text(name, data), _agent_text(name, plain)  # greedy: same tokens
+    if streamed != whole:
+        # A tool call cut off by the 8-token cap: vLLM's hermes parser holds it back while
+        # streaming (it is an unfinished call) but returns it as text in a whole reply.
+        assert whole.startswith(streamed), (streamed, whole)
+        assert whole[len(streamed):].lstrip().startswith("<tool_call>"), (streamed, whole)
     last = data.decode().rstrip("\n").rsplit("\n\n", 1)[-1]
     ending = {"chat": "data: [DONE]", "messages": "event: message_stop",
               "responses": "event: response.completed"}[name]
