@@ -164,11 +164,6 @@ def test_1200_hostile_bodies_get_no_5xx_and_do_not_crash_the_proxy(target):
     assert httpx.get(f"{proxy.url}/health").status_code == 200
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "capture/dialects/responses_request.py translate_tools: `kind in _HOSTED_TOOLS` raises "
-    "TypeError (unhashable) when a tool's `type` is an object; reported to the dialects owner. "
-    "The core answers such a request 400, so the proxy is safe; the dialect should raise "
-    "DialectError itself."))
 def test_no_dialect_raises_anything_but_dialect_error_on_hostile_bodies(target):
     proxy, _ = target
     # Runs after the fuzz test above (same module-scoped proxy): the core counts every exception

@@ -144,7 +144,7 @@ def translate_tools(tools: Any, *, build: bool = True) -> tuple[list[dict], dict
 
     for i, tool in enumerate(tools):
         require(tool, dict, f"tools[{i}]")
-        kind = tool.get("type")
+        kind = require(tool.get("type"), str, f"tools[{i}].type")
         if kind in _HOSTED_TOOLS:
             continue
         if kind == "function":
@@ -394,6 +394,6 @@ def _tool_choice(choice: Any, routes: dict[str, ToolRoute]) -> Any:
             return {"type": "function", "function": {"name": "local_shell"}}
         if kind == "allowed_tools":
             return "required" if choice.get("mode") == "required" else "auto"
-        if kind in _HOSTED_TOOLS:
+        if isinstance(kind, str) and kind in _HOSTED_TOOLS:
             return "auto"
     raise DialectError(f"tool_choice {choice!r} is not supported")
