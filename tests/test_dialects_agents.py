@@ -33,7 +33,8 @@ def _available(agent: str) -> bool:
 @pytest.mark.parametrize("agent", list(SHELL))
 def test_agent_runs_its_tool_loop_through_our_dialect(agent, tmp_path):
     if not _available(agent):
-        pytest.skip(f"agent CLI {agent!r} is not installed (./setup.sh installs it)")
+        # ./setup.sh installs every agent: a missing one is a set-up defect, not a reason to skip.
+        pytest.fail(f"agent CLI {agent!r} is not installed (./setup.sh installs it)")
     server = serve(agent, tmp_path / "recorded")
     try:
         result = run_agent(agent, f"http://127.0.0.1:{server.server_address[1]}",
