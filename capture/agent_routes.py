@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -42,7 +42,7 @@ from .errors import (
 )
 from .recorder import CallRecorder
 from .sessions import Session
-from .upstream import JSON_ERRORS, EngineStream, loads
+from .upstream import JSON_ERRORS, EngineStream, dumps, loads
 
 if TYPE_CHECKING:
     from .app import CaptureState
@@ -117,7 +117,7 @@ async def _agent_call(request: Request, dialect: Dialect) -> Response:
         session = _authorize(state, request)
         body = await _read_json(state, request)
         try:
-            chat = dialect.to_chat(body)
+            chat = dialect.to_chat(body, session.memo)
         except DialectError:
             raise
         except Exception as exc:  # a dialect bug on hostile input must not become a 500
@@ -180,13 +180,15 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
         except UpstreamError as exc:
             _finish_failed(state, session, call_id, exc, info, started)
             return _error(dialect, exc)
-        _finish_ok(state, session, call_id, recorder, capture, info, started)
         try:
-            return JSONResponse(dialect.from_chat(reply, body))
+            answer = dumps(dialect.from_chat(reply, body))
         except Exception as exc:  # a dialect bug must still answer in the agent's shape
+            _finish_ok(state, session, call_id, recorder, capture, info, started)
             logger.exception("dialect %s failed on an engine reply", dialect.name)
             state.dialect_crashes += 1
             return _error(dialect, CaptureError(f"could not translate the engine reply: {exc}"))
+        return _AnswerThenRecord(answer, lambda: _finish_ok(
+            state, session, call_id, recorder, capture, info, started))
     try:
         upstream = await state.engine.open_stream(chat)
     except UpstreamError as exc:
@@ -195,6 +197,28 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
     relay = _Relay(state, session, call_id, info, started, recorder, upstream,
                    dialect.stream_encoder(body))
     return _RelayResponse(relay)
+
+
+class _AnswerThenRecord(Response):
+    """A whole reply: sent to the agent first, then recorded, so the agent never waits on the
+    graph and the log.
+
+    The order stays causal: uvicorn's `send` waits for a paused socket *before* writing and never
+    after, so nothing runs between the last byte leaving and `record()`; the agent's next call,
+    which needs this reply, is handled only after it. `record` runs even if the agent hung up.
+    """
+
+    media_type = "application/json"
+
+    def __init__(self, content: bytes, record: Callable[[], None]) -> None:
+        super().__init__(content)
+        self._record = record
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._record()
 
 
 class _Relay:
@@ -209,9 +233,12 @@ class _Relay:
 
     async def events(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self.upstream.chunks():
-                self.recorder.add_chunk(chunk)
-                data = self.encoder.on_chunk(chunk)
+            async for batch in self.upstream.batches():
+                out = []
+                for chunk in batch:
+                    self.recorder.add_chunk(chunk)
+                    out.append(self.encoder.on_chunk(chunk))
+                data = b"".join(out)
                 if data:
                     yield data
             if self.upstream.prompt is not None:

@@ -37,15 +37,15 @@ HINT_CHARS = 400
 
 def aux_hint(messages: list[Any]) -> str:
     """A short lowercase excerpt (system prompt head + last user text) kept per call for export."""
-    # Only the ends of the list are read (the system prompt leads, the newest user turn trails),
-    # so the cost does not grow with the history.
+    # Only the ends of the list are read (the system prompt leads, the newest user turn trails:
+    # a title or summary request is the last message), so the cost does not grow with the history.
     system = ""
     for message in messages[:4]:
         if isinstance(message, dict) and message.get("role") == "system":
             system = _text(message.get("content"))[:HINT_CHARS]
             break
     last_user: Any = ""
-    for message in reversed(messages):
+    for message in reversed(messages[-8:]):
         if isinstance(message, dict) and message.get("role") == "user":
             last_user = message.get("content")
             break

@@ -42,7 +42,7 @@ from .graph import Node
 from .sessions import Session
 from .upstream import dumps
 
-__all__ = ["ExportPlan", "iter_trace_json", "plan_export", "trace_json"]
+__all__ = ["ExportPlan", "iter_trace_json", "iter_turn_json", "plan_export", "trace_json"]
 
 
 @dataclass
@@ -121,40 +121,46 @@ def _ids_bytes(values: Any) -> bytes:
     return ",".join(map(str, values)).encode()
 
 
-def _join(*parts: bytes) -> bytes:
-    return b",".join(part for part in parts if part)
+def _then(pieces: list[bytes], text: bytes) -> list[bytes]:
+    """Comma-separated id text as pieces: `pieces` (already separated) followed by `text`."""
+    if not text:
+        return pieces
+    return [*pieces, b",", text] if pieces else [text]
 
 
-def iter_turn_json(plan: ExportPlan) -> Iterator[bytes]:
-    """Each retained turn as one JSON object (bytes), in arrival order.
+def iter_turn_parts(plan: ExportPlan) -> Iterator[list[bytes | memoryview]]:
+    """Each retained turn as the pieces of one JSON object, in arrival order.
 
-    A turn's prompt text is its parent's end text (kept until the parent's last child has used it)
-    plus its own new ids: one concatenation per turn, each node's ids formatted once.
+    Nothing here copies a prompt: a turn's prompt is the list of its path's id texts (each node's
+    new ids and completion, formatted once) and its prompt mask is a slice of one shared buffer of
+    zeros. The caller joins the pieces once: per turn when streaming, all at once in memory.
     """
-    ends: dict[str, bytes] = {}  # node_id -> prompt+completion ids text, while children need it
+    paths: dict[str, list[bytes]] = {}  # node_id -> its prompt+completion texts, while needed
     waiting: dict[str, int] = {}  # node_id -> children not yet exported
     retained = {node.node_id for node, _ in plan.turns}
+    longest = max((node.prompt_len for node, _ in plan.turns), default=0)
+    zeros = memoryview(b"0," * longest)
     session_id = plan.session.session_id
     for node, aux_reason in plan.turns:
         parent = node.parent
         if parent is None:
-            prefix = b""
-        elif parent.node_id in ends:
-            prefix = ends[parent.node_id]
+            prefix: list[bytes] = []  # comma-separated pieces (`_then`)
+        elif parent.node_id in paths:
+            prefix = paths[parent.node_id]
             waiting[parent.node_id] -= 1
             if not waiting[parent.node_id]:
-                del ends[parent.node_id], waiting[parent.node_id]
+                del paths[parent.node_id], waiting[parent.node_id]
         else:  # parent not retained (cannot happen for a continued retry; kept for safety)
-            prefix = _ids_bytes(parent.prompt_ids()) + b"," + _ids_bytes(parent.completion)
-        prompt_text = _join(prefix, _ids_bytes(node.seg))
+            prefix = _then(_then([], _ids_bytes(parent.prompt_ids())),
+                           _ids_bytes(parent.completion))
+        prompt = _then(prefix, node.seg_text())
         completion_text = _ids_bytes(node.completion)
         children = sum(1 for child in node.children if child.node_id in retained)
         if children:
-            ends[node.node_id] = _join(prompt_text, completion_text)
+            paths[node.node_id] = _then(prompt, completion_text)
             waiting[node.node_id] = children
         trainable = aux_reason is None
         mask = b",".join(b"1" if trainable and not math.isnan(x) else b"0" for x in node.logprobs)
-        mask_text = _join((b"0," * node.prompt_len)[:-1], mask)
         logps = [0.0 if math.isnan(x) else x for x in node.logprobs]
         info = node.info
         metadata = {
@@ -174,19 +180,24 @@ def iter_turn_json(plan: ExportPlan) -> Iterator[bytes]:
             "masked_logprobs": info.get("masked_logprobs", {}),
             "n_new_prompt_tokens": len(node.seg),
         }
-        yield b"".join(
-            (
-                b'{"node_id":', dumps(node.node_id),
-                b',"prompt_token_ids":[', prompt_text,
-                b'],"completion_token_ids":[', completion_text,
-                b'],"per_token_logps":', dumps(logps),
-                b',"loss_mask":[', mask_text,
-                b'],"request":', dumps(info.get("request", {})),
-                b',"response":', dumps(info.get("response", {})),
-                b',"metadata":', dumps(metadata),
-                b"}",
-            )
-        )
+        yield [
+            b'{"node_id":', dumps(node.node_id), b',"prompt_token_ids":[',
+            *prompt,
+            b'],"completion_token_ids":[', completion_text,
+            b'],"per_token_logps":', dumps(logps),
+            b',"loss_mask":[',
+            *_then([zeros[:2 * node.prompt_len - 1]] if node.prompt_len else [], mask),
+            b'],"request":', dumps(info.get("request", {})),
+            b',"response":', dumps(info.get("response", {})),
+            b',"metadata":', dumps(metadata),
+            b"}",
+        ]
+
+
+def iter_turn_json(plan: ExportPlan) -> Iterator[bytes]:
+    """Each retained turn as one JSON object (bytes), in arrival order."""
+    for parts in iter_turn_parts(plan):
+        yield b"".join(parts)
 
 
 def _require_trainable(plan: ExportPlan) -> None:
@@ -194,18 +205,37 @@ def _require_trainable(plan: ExportPlan) -> None:
         raise NothingTrainableError(plan.session.session_id, plan.reasons)
 
 
+# Bytes per streamed piece of an export: big enough that writes are few (a 150-turn session is
+# ~30 MB), small enough that building one (~1 ms) never holds other sessions' calls back long.
+EXPORT_PIECE_BYTES = 1 << 20
+
+
 async def iter_trace_json(plan: ExportPlan) -> AsyncIterator[bytes]:
-    """The whole TrainingTrace JSON, turn by turn, yielding the event loop between turns."""
+    """The whole TrainingTrace JSON in ~1 MB pieces, yielding the event loop between pieces."""
     _require_trainable(plan)
-    yield b'{"schema_version":1,"turns":['
-    for i, turn in enumerate(iter_turn_json(plan)):
-        yield turn if i == 0 else b"," + turn
-        await asyncio.sleep(0)
-    yield b"]}"
+    parts: list[bytes | memoryview] = [b'{"schema_version":1,"turns":[']
+    size = 0
+    for i, turn in enumerate(iter_turn_parts(plan)):
+        if i:
+            parts.append(b",")
+        parts.extend(turn)
+        size += sum(len(part) for part in turn)
+        if size >= EXPORT_PIECE_BYTES:
+            yield b"".join(parts)
+            parts, size = [], 0
+            await asyncio.sleep(0)
+    parts.append(b"]}")
+    yield b"".join(parts)
 
 
 def trace_json(session: Session) -> bytes:
-    """The whole TrainingTrace JSON at once (in-process use and tests)."""
+    """The whole TrainingTrace JSON at once (in-process use and tests): one join, one copy."""
     plan = plan_export(session)
     _require_trainable(plan)
-    return b'{"schema_version":1,"turns":[' + b",".join(iter_turn_json(plan)) + b"]}"
+    parts: list[bytes | memoryview] = [b'{"schema_version":1,"turns":[']
+    for i, turn in enumerate(iter_turn_parts(plan)):
+        if i:
+            parts.append(b",")
+        parts.extend(turn)
+    parts.append(b"]}")
+    return b"".join(parts)

@@ -37,6 +37,7 @@ session is known) or what is trainable (capture.export).
 from __future__ import annotations
 
 import hashlib
+import sys
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,6 +51,15 @@ __all__ = ["HOT_LEAVES", "Node", "RolloutGraph"]
 # ~6 bytes of id text per token of history (~250 KB at 41k ids); parallel subagents rarely exceed a
 # handful.
 HOT_LEAVES = 4
+
+
+_SIGN_BYTE = 3 if sys.byteorder == "little" else 0  # the byte of an int32 holding its sign bit
+_LOW_BYTES = bytes(range(128))
+
+
+def _has_negative(ids: array) -> bool:
+    """Whether an array('i') holds a negative id, at C speed (no int objects per id)."""
+    return bool(ids.tobytes()[_SIGN_BYTE::4].translate(None, _LOW_BYTES))
 
 
 @dataclass(slots=True, eq=False)
@@ -66,6 +76,7 @@ class Node:
     index: int = 0  # arrival order in the session
     info: dict[str, Any] = field(default_factory=dict)  # per-call metadata (dialect, tools, ...)
     _prompt_key: bytes | None = None
+    _seg_text: bytes | None = None  # `seg` as id text (capture.tokens), kept once made
 
     @property
     def prompt_len(self) -> int:
@@ -86,6 +97,12 @@ class Node:
             digest.update((self.parent_id or "").encode())
             self._prompt_key = digest.digest()
         return self._prompt_key
+
+    def seg_text(self) -> bytes:
+        """This node's new prompt ids as id text (free when the graph cut them from the reply)."""
+        if self._seg_text is None:
+            self._seg_text = ",".join(map(str, self.seg)).encode()
+        return self._seg_text
 
     def prompt_ids(self) -> array:
         """The whole prompt, rebuilt from the path (used by export; O(prompt length))."""
@@ -126,15 +143,14 @@ class RolloutGraph:
     # --- ingestion ------------------------------------------------------------------------
     def _hot_parent(self, prompt: IdText) -> tuple[Node, bytes] | None:
         """The longest hot leaf whose whole sequence is a prefix of `prompt` (compared as text)."""
-        n = prompt.n
         best: tuple[Node, bytes] | None = None
         for node_id, whole in self._hot.items():
             node = self.nodes[node_id]
             if (
-                node.prompt_len < n
-                and node.end <= n
-                and (best is None or node.end > best[0].end)
+                (best is None or node.end > best[0].end)
                 and prompt.extends(whole)
+                # a leaf that sampled nothing: the same prompt again is a retry, not its child
+                and (len(node.completion) > 0 or len(prompt.text) > len(whole))
             ):
                 best = (node, whole)
         return best
@@ -168,6 +184,10 @@ class RolloutGraph:
     ) -> Node:
         """Insert a completed call, finding its parent by exact prefix. Returns the new node.
 
+        Raises ValueError / TypeError / OverflowError for prompt ids that are not int32 token ids
+        (the caller records the call as failed); only the ids it parses are checked, which with
+        a hot parent are the new ones: the rest were checked when the parent was added.
+
         The usual call extends a hot leaf: its prompt is compared to the leaf's ids as text and only
         the ids after the leaf's end are parsed. Otherwise the prompt is parsed once and the tree
         is descended from the roots.
@@ -176,13 +196,17 @@ class RolloutGraph:
         completion = completion_ids if isinstance(completion_ids, array) else array(
             "i", completion_ids)
         hot = self._hot_parent(prompt)
+        seg_text = None
         if hot is not None and not hot[0].children:
             parent, whole = hot
-            seg = prompt.ids_after(whole)
+            seg = prompt.ids_after(whole)  # the prefix is a leaf's, checked when it was added
+            seg_text = prompt.text[len(whole) + 1:]
         else:
             ids = prompt.ids()
             parent = self.find_parent(ids)
             seg = ids[parent.end:] if parent is not None else ids
+        if _has_negative(seg):  # the parent's ids were checked when it was added
+            raise ValueError("prompt ids must be non-negative token ids")
         node = Node(
             node_id=node_id,
             start=parent.end if parent is not None else 0,
@@ -190,6 +214,7 @@ class RolloutGraph:
             completion=completion,
             logprobs=logprobs if isinstance(logprobs, array) else array("d", logprobs),
             info=info or {},
+            _seg_text=seg_text,
         )
         self._link(node, parent)
         tail = ",".join(map(str, completion)).encode()

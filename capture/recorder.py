@@ -190,16 +190,18 @@ class CallRecorder:
         prompt_ids = self._prompt
         if isinstance(prompt_ids, list) and prompt_ids:
             prompt_ids = IdText.from_ids(prompt_ids)
-        if not isinstance(prompt_ids, IdText) or not prompt_ids.n:
+        if not isinstance(prompt_ids, IdText) or not prompt_ids.text:
             raise EngineNoTokenIds("prompt_token_ids")
         if not self._ids and self._usage.get("completion_tokens"):
             # The engine sampled tokens but did not say which: return_token_ids was ignored.
             # (Zero sampled tokens with usage agreeing is a legitimate, empty, completion.)
             raise EngineNoTokenIds("choices[0].token_ids")
+        # The prompt ids stay text here; the graph parses and checks the ones that are new
+        # (graph.RolloutGraph.add), so a call costs O(its new tokens), not O(its prompt).
         try:
             completion = array("i", self._ids)
-            if prompt_ids.text.translate(None, b"0123456789,"):  # C-speed: digits and commas only
-                raise ValueError("prompt ids must be non-negative integers")
+            if completion and min(completion) < 0:
+                raise ValueError("completion ids must be non-negative")
         except (TypeError, OverflowError, ValueError) as exc:
             raise EngineNoTokenIds(f"valid token ids ({exc})") from exc
         return Capture(

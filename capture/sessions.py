@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .dialects.memo import TranslationMemo
 from .errors import BadRequest, BadSessionKey, UnknownSession
 from .graph import Node, RolloutGraph
 from .recorder import Capture
@@ -66,6 +67,9 @@ class Session:
     in_flight: int = 0
     torn_log_lines: int = 0
     log_path: Path | None = None
+    # What recent requests translated to, so a resent history is not re-translated (not persisted:
+    # a restarted proxy just translates the next call in full).
+    memo: TranslationMemo = field(default_factory=TranslationMemo)
 
     def check_key(self, presented: str | None) -> None:
         if presented is None or not hmac.compare_digest(
@@ -93,8 +97,8 @@ class Session:
         info["request"]["messages"] = messages[skip:]
         info["request"]["n_messages"] = len(messages)
         info["n_messages"] = len(messages)
-        self._append(
-            {
+        if self.log_path is not None:
+            self._append({
                 "kind": "call",
                 "node_id": call_id,
                 "parent_id": node.parent_id,
@@ -103,8 +107,7 @@ class Session:
                 "completion": node.completion.tolist(),
                 "logprobs": [None if math.isnan(x) else x for x in node.logprobs],
                 "info": info,
-            }
-        )
+            })
         return node
 
     def record_failed(self, call_id: str, error: Exception, info: dict[str, Any]) -> None:

@@ -26,13 +26,20 @@ _SPACES = b" \t\r\n"
 class IdText:
     """Comma-separated decimal ids without brackets or spaces, plus their count."""
 
-    __slots__ = ("n", "text")
+    __slots__ = ("_n", "text")
 
     def __init__(self, text: bytes) -> None:
         if b" " in text or b"\n" in text:
             text = text.replace(b" ", b"").replace(b"\n", b"").replace(b"\r", b"")
         self.text = text
-        self.n = text.count(b",") + 1 if text else 0
+        self._n = -1
+
+    @property
+    def n(self) -> int:
+        """How many ids (counted on first use: the usual call, a hot leaf's child, never asks)."""
+        if self._n < 0:
+            self._n = self.text.count(b",") + 1 if self.text else 0
+        return self._n
 
     @classmethod
     def from_ids(cls, ids: Iterable[int]) -> IdText:

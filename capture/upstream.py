@@ -202,15 +202,19 @@ def _translate(exc: Exception, engine_url: str) -> UpstreamError:
 
 
 class EngineStream:
-    """One open SSE reply. Iterate `chunks()`; always `aclose()` (the route does)."""
+    """One open SSE reply. Iterate `batches()`; always `aclose()` (the route does)."""
 
     def __init__(self, response: aiohttp.ClientResponse, engine_url: str) -> None:
         self._response = response
         self._engine_url = engine_url
         self.prompt: IdText | None = None  # from the first event, cut out before parsing
 
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        """Parsed `chat.completion.chunk`s as they arrive; returns at `[DONE]`.
+    async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """Parsed `chat.completion.chunk`s, as many as each network read completed; ends at `[DONE]`.
+
+        A batch is never held back waiting for more: it is whatever had arrived, so the agent gets
+        each token as soon as the engine sends it, and when the engine is ahead of the proxy
+        (several events in one read) they travel on as one write instead of one per token.
 
         Raises EngineDisconnected if the stream ends without `[DONE]`, EngineTimeout if the engine
         goes quiet, EngineHTTPError if it sends an error event. Lines are split here rather than
@@ -222,19 +226,26 @@ class EngineStream:
             async for raw in self._response.content.iter_any():
                 lines = (pending + raw).split(b"\n") if pending else raw.split(b"\n")
                 pending = lines.pop()
+                batch: list[dict[str, Any]] = []
                 for line in lines:
                     if not line.startswith(b"data:"):
                         continue  # blank separators, comments, `event:` lines
                     data = line[5:].strip()
                     if data == b"[DONE]":
+                        if batch:
+                            yield batch
                         return
                     if self.prompt is None and b'"prompt_token_ids"' in data:
                         chunk, self.prompt = _parse_reply(data)
                     else:
                         chunk = _parse_object(data)
                     if "error" in chunk and "choices" not in chunk:
+                        if batch:
+                            yield batch
                         raise EngineHTTPError(500, chunk)
-                    yield chunk
+                    batch.append(chunk)
+                if batch:
+                    yield batch
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             translated = _translate(exc, self._engine_url)
             if isinstance(translated, EngineUnreachable):  # broke after it started: a disconnect

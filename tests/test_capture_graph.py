@@ -174,3 +174,31 @@ def test_prompt_ids_are_cut_from_the_raw_reply_and_the_rest_parses_without_them(
     assert ids.ids().tolist() == [1, 2, 30] and ids.n == 3
     assert loads(stripped)["prompt_token_ids"] is None
     assert loads(stripped)["choices"][0]["message"]["content"] == '"prompt_token_ids": [9]'
+
+
+@pytest.mark.parametrize("text", [b"-5,6", b"1,2,x", b"1,2.5", b"1,99999999999"])
+def test_prompt_ids_that_are_not_token_ids_are_refused_on_a_new_root(text):
+    from capture.tokens import IdText
+
+    with pytest.raises((ValueError, TypeError, OverflowError)):
+        RolloutGraph().add("a", IdText(text), [1], [-0.5])
+
+
+@pytest.mark.parametrize("tail", [b",-7", b',"x"', b",1.5"])
+def test_new_prompt_ids_after_a_hot_parent_are_checked_too(tail):
+    from capture.tokens import IdText
+
+    graph = RolloutGraph()
+    graph.add("a", IdText(b"1,2"), [3], [-0.5])
+    with pytest.raises((ValueError, TypeError, OverflowError)):
+        graph.add("b", IdText(b"1,2,3" + tail), [4], [-0.5])
+    assert len(graph) == 1  # nothing half-added
+
+
+def test_a_retry_of_a_call_that_sampled_nothing_is_its_sibling_not_its_child():
+    graph = RolloutGraph()
+    _add(graph, "a", [1, 2, 3], [])
+    again = _add(graph, "b", [1, 2, 3], [4])
+    assert again.parent_id is None  # same prompt: a retry (a second root), not a continuation
+    child = _add(graph, "c", [1, 2, 3, 4, 5], [6])
+    assert child.parent_id == "b"

@@ -9,7 +9,9 @@ between one agent format and the engine's chat format:
     engine chat reply  --from_chat / StreamEncoder--> agent reply body / SSE bytes
 
 The one decision: a dialect is a pure function of the bodies it is given. It does no I/O, keeps
-no state across calls, and knows nothing about sessions, sampling policy or token ids; the core
+no state across calls (the optional per-session `TranslationMemo` it may be handed only saves
+re-translating a resent history; the result is the same without it), and knows nothing about
+sessions, sampling policy or token ids; the core
 (capture/server and friends) forwards, enforces sampling, and reads token ids and logprobs from
 the engine reply itself. A dialect never sees the training record and never decides what is
 trainable.
@@ -29,7 +31,10 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .memo import TranslationMemo
 
 try:  # optional: the stdlib encoder is the always-present fallback
     import orjson
@@ -103,8 +108,11 @@ class Dialect(ABC):
     name: str
 
     @abstractmethod
-    def to_chat(self, body: dict) -> dict:
-        """Agent request body -> engine chat request body. Raises DialectError on bad input."""
+    def to_chat(self, body: dict, memo: TranslationMemo | None = None) -> dict:
+        """Agent request body -> engine chat request body. Raises DialectError on bad input.
+
+        `memo` (the session's, see dialects.memo) lets a resent history skip re-translation.
+        """
 
     @abstractmethod
     def from_chat(self, chat: dict, request: dict) -> dict:

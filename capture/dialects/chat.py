@@ -47,6 +47,7 @@ from .base import (
     require_body,
     sse_data,
 )
+from .memo import TranslationMemo, translate_items
 
 __all__ = ["ChatDialect", "ChatStreamEncoder", "openai_error"]
 
@@ -87,31 +88,47 @@ def _normalise_tool_calls(calls: Any, where: str) -> list[dict]:
     return out
 
 
-def _normalise_messages(messages: Any) -> list[dict]:
+def _normalise_messages(messages: Any, memo: TranslationMemo | None) -> list[dict]:
     require(messages, list, "messages")
     if not messages:
         raise DialectError("messages must not be empty")
-    out = []
-    for i, message in enumerate(messages):
-        require(message, dict, f"messages[{i}]")
-        role = require(message.get("role"), str, f"messages[{i}].role")
-        content = message.get("content")
-        if content is not None:
-            require(content, (str, list), f"messages[{i}].content")
-        if role == "developer":
-            message = {**message, "role": "system"}
-        elif role not in ("system", "user", "assistant", "tool", "function"):
+    return translate_items(memo, "chat.messages", messages, _normalise_message)
+
+
+def _normalise_message(i: int, message: Any) -> list[dict]:
+    """One message, checked and normalised; depends on nothing but itself (memo contract)."""
+    require(message, dict, f"messages[{i}]")
+    role = require(message.get("role"), str, f"messages[{i}].role")
+    content = message.get("content")
+    if content is not None:
+        require(content, (str, list), f"messages[{i}].content")
+    if role == "developer":
+        message = {**message, "role": "system"}
+    elif role not in ("system", "user", "assistant", "tool", "function"):
+        raise DialectError(
+            f"messages[{i}].role {role!r} is not one of system, developer, user, "
+            "assistant, tool"
+        )
+    if role == "tool":
+        require(message.get("tool_call_id"), str, f"messages[{i}].tool_call_id")
+    if message.get("tool_calls") is not None:
+        calls = _normalise_tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
+        message = {**message, "tool_calls": calls} if calls else _without(message, "tool_calls")
+    return [message]
+
+
+def _check_tools(tools: Any) -> list:
+    require(tools, list, "tools")
+    for i, tool in enumerate(tools):
+        require(tool, dict, f"tools[{i}]")
+        if tool.get("type", "function") != "function":
             raise DialectError(
-                f"messages[{i}].role {role!r} is not one of system, developer, user, "
-                "assistant, tool"
+                f"tools[{i}].type {tool.get('type')!r} is not supported: the engine "
+                "only runs function tools"
             )
-        if role == "tool":
-            require(message.get("tool_call_id"), str, f"messages[{i}].tool_call_id")
-        if message.get("tool_calls") is not None:
-            calls = _normalise_tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
-            message = {**message, "tool_calls": calls} if calls else _without(message, "tool_calls")
-        out.append(message)
-    return out
+        function = require(tool.get("function"), dict, f"tools[{i}].function")
+        require(function.get("name"), str, f"tools[{i}].function.name")
+    return tools
 
 
 def _without(d: dict, *keys: str) -> dict:
@@ -123,10 +140,10 @@ class ChatDialect(Dialect):
 
     name = "chat"
 
-    def to_chat(self, body: dict) -> dict:
+    def to_chat(self, body: dict, memo: TranslationMemo | None = None) -> dict:
         body = require_body(body)
         out = dict(body)
-        out["messages"] = _normalise_messages(body.get("messages"))
+        out["messages"] = _normalise_messages(body.get("messages"), memo)
         if body.get("max_completion_tokens") is not None:
             limit = require(body["max_completion_tokens"], int, "max_completion_tokens")
             out.pop("max_completion_tokens")
@@ -148,16 +165,10 @@ class ChatDialect(Dialect):
 
         tools = out.get("tools")
         if tools is not None:
-            require(tools, list, "tools")
-            for i, tool in enumerate(tools):
-                require(tool, dict, f"tools[{i}]")
-                if tool.get("type", "function") != "function":
-                    raise DialectError(
-                        f"tools[{i}].type {tool.get('type')!r} is not supported: the engine "
-                        "only runs function tools"
-                    )
-                function = require(tool.get("function"), dict, f"tools[{i}].function")
-                require(function.get("name"), str, f"tools[{i}].function.name")
+            if memo is None:
+                _check_tools(tools)
+            else:  # an agent sends the same manifest every call: checked once per session
+                memo.value("chat.tools", tools, _check_tools)
         if not tools:
             # vLLM rejects `tools: []` and a tool_choice without tools.
             out.pop("tools", None)

@@ -39,6 +39,7 @@ from .base import (
     tool_calls_of,
     usage_counts,
 )
+from .memo import TranslationMemo
 from .messages_items import ERROR_TYPES, message_id, signature, stop_fields
 from .messages_request import messages_to_chat
 from .messages_stream import MessagesStreamEncoder
@@ -51,8 +52,8 @@ class MessagesDialect(Dialect):
 
     name = "messages"
 
-    def to_chat(self, body: dict) -> dict:
-        return messages_to_chat(body)
+    def to_chat(self, body: dict, memo: TranslationMemo | None = None) -> dict:
+        return messages_to_chat(body, memo=memo)
 
     def from_chat(self, chat: dict, request: dict) -> dict:
         choice = first_choice(chat)

@@ -44,6 +44,7 @@ from .base import (
     require,
     require_body,
 )
+from .memo import TranslationMemo, translate_items
 
 __all__ = ["messages_to_chat", "system_text"]
 
@@ -184,28 +185,29 @@ def _assistant(content: list, where: str) -> dict | None:
     return message
 
 
-def _messages(messages: Any) -> list[dict]:
+def _messages(messages: Any, memo: TranslationMemo | None) -> list[dict]:
     require(messages, list, "messages")
     if not messages:
         raise DialectError("messages must not be empty")
+    return translate_items(memo, "messages.messages", messages, _message)
+
+
+def _message(i: int, message: Any) -> list[dict]:
+    """One Anthropic message -> its chat messages; depends on nothing but itself (memo contract)."""
+    where = f"messages[{i}]"
+    require(message, dict, where)
+    role = message.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise DialectError(f"{where}.role must be 'user' or 'assistant', got {role!r}")
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    require(content, list, f"{where}.content")
+    if role == "assistant":
+        turn = _assistant(content, f"{where}.content")
+        return [turn] if turn is not None else []
     out: list[dict] = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        require(message, dict, where)
-        role = message.get("role")
-        if role not in ("user", "assistant", "system"):
-            raise DialectError(f"{where}.role must be 'user' or 'assistant', got {role!r}")
-        content = message.get("content")
-        if isinstance(content, str):
-            out.append({"role": role, "content": content})
-            continue
-        require(content, list, f"{where}.content")
-        if role == "assistant":
-            turn = _assistant(content, f"{where}.content")
-            if turn is not None:
-                out.append(turn)
-        else:
-            _user(content, f"{where}.content", out, role)
+    _user(content, f"{where}.content", out, role)
     return out
 
 
@@ -253,15 +255,16 @@ def _tool_choice(choice: Any, out: dict) -> None:
         out["parallel_tool_calls"] = False
 
 
-def messages_to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
-    """The whole request translation (see module docstring)."""
+def messages_to_chat(body: dict, *, need_max_tokens: bool = True,
+                     memo: TranslationMemo | None = None) -> dict:
+    """The whole request translation (see module docstring); `memo`: dialects.memo."""
     body = require_body(body)
     messages: list[dict] = []
     if body.get("system") is not None:
         system = system_text(body["system"])
         if system:
             messages.append({"role": "system", "content": system})
-    messages.extend(_messages(body.get("messages")))
+    messages.extend(_messages(body.get("messages"), memo))
     out: dict[str, Any] = {"messages": order_tool_results(messages)}
     if isinstance(body.get("model"), str):
         out["model"] = body["model"]
@@ -276,7 +279,8 @@ def messages_to_chat(body: dict, *, need_max_tokens: bool = True) -> dict:
     if stop is not None:
         require(stop, list, "stop_sequences")
         out["stop"] = [require(s, str, f"stop_sequences[{i}]") for i, s in enumerate(stop)]
-    tools = _tools(body.get("tools"))
+    tools = (_tools(body.get("tools")) if memo is None
+             else memo.value("messages.tools", body.get("tools"), _tools))
     if tools:
         out["tools"] = tools
         _tool_choice(body.get("tool_choice"), out)

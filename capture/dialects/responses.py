@@ -40,6 +40,7 @@ from .base import (
     usage_counts,
 )
 from .chat import openai_error
+from .memo import TranslationMemo
 from .responses_items import (
     ids_from,
     message_item,
@@ -60,8 +61,8 @@ class ResponsesDialect(Dialect):
 
     name = "responses"
 
-    def to_chat(self, body: dict) -> dict:
-        return responses_to_chat(body)
+    def to_chat(self, body: dict, memo: TranslationMemo | None = None) -> dict:
+        return responses_to_chat(body, memo)
 
     def from_chat(self, chat: dict, request: dict) -> dict:
         suffix = ids_from(chat.get("id"))

@@ -43,6 +43,7 @@ from .base import (
     require,
     require_body,
 )
+from .memo import TranslationMemo
 
 __all__ = ["ToolRoute", "decode_reasoning", "encode_reasoning", "responses_to_chat", "tool_routes",
            "translate_tools"]
@@ -334,13 +335,20 @@ def _input_to_messages(items: list, routes: dict[str, ToolRoute]) -> list[dict]:
     return b.messages
 
 
-def responses_to_chat(body: dict) -> dict:
-    """The whole request translation (see module docstring)."""
+def responses_to_chat(body: dict, memo: TranslationMemo | None = None) -> dict:
+    """The whole request translation (see module docstring).
+
+    With a `memo` (dialects.memo) the tool manifest is translated once per session while it stays
+    the same. The input items are translated whole on every call: unlike chat or Anthropic
+    messages they do not translate one by one (a `function_call` item joins the assistant
+    message its neighbours build), so the memo's per-item contract does not hold for them.
+    """
     body = require_body(body)
     if body.get("previous_response_id") is not None:
         raise DialectError("previous_response_id is not supported: this proxy keeps no "
                            "response store; send the full history in input (store: false)")
-    chat_tools, routes = translate_tools(body.get("tools"))
+    chat_tools, routes = (translate_tools(body.get("tools")) if memo is None
+                          else memo.value("responses.tools", body.get("tools"), translate_tools))
     messages: list[dict] = []
     instructions = body.get("instructions")
     if instructions is not None:
