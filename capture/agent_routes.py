@@ -293,7 +293,10 @@ def _finish_ok(state: CaptureState, session: Session, call_id: str, recorder: Ca
     info["finish_reason"] = capture.finish_reason
     info["usage"] = capture.usage
     info["masked_logprobs"] = capture.missing_logprobs
-    info["response"] = {"message": capture.message, "finish_reason": capture.finish_reason}
+    # OpenAI's chat completion shape, whatever the dialect: what OpenEnv's and TRL's trace readers
+    # (and any chat tooling) look for.
+    info["response"] = {"choices": [{"index": 0, "message": capture.message,
+                                     "finish_reason": capture.finish_reason}]}
     try:
         session.record_ok(call_id, capture, info)
     except (ValueError, TypeError, OverflowError) as exc:  # ids that are not int32 token ids

@@ -8,8 +8,13 @@ One turn per retained engine call, in arrival order:
     per_token_logps       the engine's processed logprob per sampled id (0.0 where it gave none)
     loss_mask             prompt positions 0; sampled tokens 1, except 0 for tokens without a usable
                           logprob (reason counted in metadata.masked_logprobs) and for aux calls
-    request / response    the chat-form messages this call added after its parent, the tool names,
-                          and the assistant message the engine produced
+    request               `new_messages`: the chat-form messages this call added after its parent
+                          (each message is stored once, not once per later turn), `n_messages`,
+                          the tool names and tool_choice; and on the last turn of each
+                          conversation (no retained child) `messages`, the whole chat-form request,
+                          which is what OpenEnv's and TRL's readers take as the transcript
+    response              OpenAI's shape, `choices[0].message` / `finish_reason`, whatever the
+                          agent's dialect (the engine's reply in chat form)
     metadata              dialect, aux, aux_reason, parent_id, weight_version_start/end, latency_s,
                           session_id, finish_reason, sampling, + node_index, stream, usage,
                           masked_logprobs
@@ -159,6 +164,9 @@ def iter_turn_parts(plan: ExportPlan) -> Iterator[list[bytes | memoryview]]:
         if children:
             paths[node.node_id] = _then(prompt, completion_text)
             waiting[node.node_id] = children
+        request = dict(node.info.get("request") or {})
+        if not children:  # a conversation's last turn carries its whole transcript
+            request["messages"] = full_messages(node)
         trainable = aux_reason is None
         mask = b",".join(b"1" if trainable and not math.isnan(x) else b"0" for x in node.logprobs)
         logps = [0.0 if math.isnan(x) else x for x in node.logprobs]
@@ -187,11 +195,45 @@ def iter_turn_parts(plan: ExportPlan) -> Iterator[list[bytes | memoryview]]:
             b'],"per_token_logps":', dumps(logps),
             b',"loss_mask":[',
             *_then([zeros[:2 * node.prompt_len - 1]] if node.prompt_len else [], mask),
-            b'],"request":', dumps(info.get("request", {})),
-            b',"response":', dumps(info.get("response", {})),
+            b'],"request":', dumps(request),
+            b',"response":', dumps(_chat_response(info.get("response") or {})),
             b',"metadata":', dumps(metadata),
             b"}",
         ]
+
+
+def _chat_response(response: dict[str, Any]) -> dict[str, Any]:
+    """The recorded reply in OpenAI's shape (older logs recorded `message` at the top)."""
+    if "choices" in response or "message" not in response:
+        return response
+    return {"choices": [{"index": 0, "message": response["message"],
+                         "finish_reason": response.get("finish_reason")}]}
+
+
+def reply_message(node: Node) -> dict[str, Any] | None:
+    choices = _chat_response(node.info.get("response") or {}).get("choices") or [{}]
+    message = choices[0].get("message") if isinstance(choices[0], dict) else None
+    return message if isinstance(message, dict) else None
+
+
+def full_messages(node: Node) -> list[Any]:
+    """The node's whole chat-form request: kept while it was a leaf, else rebuilt from its path.
+
+    Rebuilt (after a restart, or for a node whose only child was a dropped retry) as each
+    ancestor's new messages followed by its reply as the engine produced it, which is the
+    message the agent sent back up to the agent's own re-serialisation of it.
+    """
+    if node.messages is not None:
+        return node.messages
+    messages: list[Any] = []
+    path = node.path()
+    for i, step in enumerate(path):
+        if i:
+            reply = reply_message(path[i - 1])
+            if reply is not None:
+                messages.append(reply)
+        messages.extend((step.info.get("request") or {}).get("new_messages") or [])
+    return messages
 
 
 def iter_turn_json(plan: ExportPlan) -> Iterator[bytes]:

@@ -75,6 +75,9 @@ class Node:
     children: list[Node] = field(default_factory=list)
     index: int = 0  # arrival order in the session
     info: dict[str, Any] = field(default_factory=dict)  # per-call metadata (dialect, tools, ...)
+    # The whole chat-form request as the agent sent it, kept while this node is a leaf so the
+    # export can give a conversation's last turn its full messages (never written to the log).
+    messages: list[Any] | None = None
     _prompt_key: bytes | None = None
     _seg_text: bytes | None = None  # `seg` as id text (capture.tokens), kept once made
 

@@ -94,9 +94,12 @@ class Session:
         # The request as this call adds to it: the messages after the parent's request and reply,
         # so a 150-turn session keeps each message once, not 150 times.
         skip = node.parent.info.get("n_messages", 0) + 1 if node.parent is not None else 0
-        info["request"]["messages"] = messages[skip:]
+        info["request"]["new_messages"] = messages[skip:]
         info["request"]["n_messages"] = len(messages)
         info["n_messages"] = len(messages)
+        node.messages = messages
+        if node.parent is not None:
+            node.parent.messages = None  # no longer a leaf; rebuilt from the path if ever needed
         if self.log_path is not None:
             self._append({
                 "kind": "call",
@@ -139,6 +142,9 @@ class Session:
             self.failed.append(record)
             self.n_calls += 1
             return
+        request = record["info"].get("request") or {}
+        if "new_messages" not in request and "messages" in request:  # an older log's name
+            request["new_messages"] = request.pop("messages")
         node = Node(
             node_id=record["node_id"],
             start=record["start"],

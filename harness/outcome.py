@@ -119,7 +119,7 @@ def build_outcome(
 
 
 def _shape_of(metadata: dict[str, Any], request: dict[str, Any], response: dict[str, Any]) -> str:
-    if "message" in response or "n_messages" in request:
+    if "message" in response or "n_messages" in request or "new_messages" in request:
         return "captured"
     return dialect_of(metadata, request, response)
 
@@ -132,6 +132,8 @@ def _completion(entry: dict[str, Any], by_id: dict[Any, dict[str, Any]]) -> list
     if shape != "captured":
         reader = READERS[shape]
         return reader.transcript(request) + reader.reply(response)
+    if "new_messages" in request and "messages" in request:  # the export's whole transcript
+        return [dict(m) for m in request["messages"]] + Captured.reply(response)
     chain = [entry]
     parent = by_id.get(metadata.get("parent_id"))
     while parent is not None and parent not in chain:  # parents first; a cycle cannot loop us
@@ -139,7 +141,7 @@ def _completion(entry: dict[str, Any], by_id: dict[Any, dict[str, Any]]) -> list
         parent = by_id.get((parent.get("metadata") or {}).get("parent_id"))
     messages: list[Message] = []
     for turn in chain:
-        messages.extend(dict(m) for m in (turn.get("request") or {}).get("messages") or [])
+        messages.extend(dict(m) for m in Captured.new_messages(turn.get("request") or {}))
         messages.extend(Captured.reply(turn.get("response") or {}))
     return messages
 

@@ -127,16 +127,34 @@ class _Chat:
 
 
 class Captured(_Chat):
-    """Our capture proxy's chat form, any dialect: `response.message`, delta `request.messages`."""
+    """Our capture proxy's chat form, any dialect: `choices[0].message` (older traces:
+    `response.message`), the messages a turn added in `request.new_messages` (older traces:
+    `request.messages`), and on a conversation's last turn its whole transcript in
+    `request.messages`."""
 
     @staticmethod
     def calls(response: dict[str, Any]) -> list[tuple[Any, str]]:
-        return _tool_calls(response.get("message") or {})
+        return _tool_calls(Captured._message(response))
+
+    @staticmethod
+    def results(request: dict[str, Any], names: dict[Any, str]) -> list[ToolResult]:
+        return _Chat.results({"messages": Captured.new_messages(request)}, names)
 
     @staticmethod
     def reply(response: dict[str, Any]) -> list[Message]:
-        message = response.get("message")
-        return [dict(message)] if isinstance(message, dict) else []
+        message = Captured._message(response)
+        return [dict(message)] if message else []
+
+    @staticmethod
+    def new_messages(request: dict[str, Any]) -> list[Message]:
+        if "new_messages" in request:
+            return list(request.get("new_messages") or [])
+        return list(request.get("messages") or [])
+
+    @staticmethod
+    def _message(response: dict[str, Any]) -> dict[str, Any]:
+        message = response.get("message") if "message" in response else _Chat._message(response)
+        return message if isinstance(message, dict) else {}
 
 
 def _tool_calls(message: dict[str, Any]) -> list[tuple[Any, str]]:
