@@ -20,11 +20,12 @@ Decisions, and the measured reasons behind them:
   * Storage is per node: only the prompt tokens this node adds after its parent's end (`seg`) and
     its completion, as `array('i')`. A 150-turn session whose history reaches 41k tokens holds ~41k
     ids, not 150 copies of a growing prompt (OpenEnv's graph held ~283 MB for such a session).
-  * Parent lookup never rescans every earlier call. The few most recent leaves ("hot" leaves)
-    keep their whole end sequence as id text (capture.tokens), so the usual call (the agent's next
-    turn) is found with one memcmp of its prompt text against one stored text, and only the ids
-    after the parent's end are parsed: Python-level work is O(new tokens), the history is touched
-    only by C-level compares. A miss (a new root, a branch that left the hot set) parses the prompt
+  * Parent lookup never rescans every earlier call. The few most recent leaves, and the parent
+    of each ("hot" nodes), keep their whole end sequence as id text (capture.tokens), so the usual
+    call (the agent's next turn) is found with one memcmp of its prompt text against one stored
+    text, and only the ids after the parent's end are parsed: Python-level work is O(new tokens),
+    the history is touched only by C-level compares. A retry or a branch matches the hot parent
+    and descends only below it. A miss (a new root, a branch off an old turn) parses the prompt
     once and descends the prefix tree from the roots, comparing each child's own span once.
   * Calls are added when they COMPLETE. A descendant's prompt contains its ancestor's completion,
     so an ancestor always completes before a descendant starts: arrival order is causal order and
@@ -36,6 +37,7 @@ session is known) or what is trainable (capture.export).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import sys
 from array import array
@@ -51,6 +53,13 @@ __all__ = ["HOT_LEAVES", "Node", "RolloutGraph"]
 # ~6 bytes of id text per token of history (~250 KB at 41k ids); parallel subagents rarely exceed a
 # handful.
 HOT_LEAVES = 4
+
+
+def _is_under(node: Node, ancestor: Node) -> bool:
+    """Whether `node` is `ancestor` or below it (parents are always older: stop early)."""
+    while node is not None and node.index > ancestor.index:
+        node = node.parent
+    return node is ancestor
 
 
 _SIGN_BYTE = 3 if sys.byteorder == "little" else 0  # the byte of an int32 holding its sign bit
@@ -136,6 +145,8 @@ class RolloutGraph:
         # node_id -> the node's whole end sequence (prompt + completion) as id text
         # (capture.tokens), for the newest leaves.
         self._hot: dict[str, bytes] = {}
+        self._order: list[Node] = []  # by index
+        self._ends: list[tuple[int, int]] = []  # (end, index) of every node, sorted (bisect)
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -150,7 +161,7 @@ class RolloutGraph:
         for node_id, whole in self._hot.items():
             node = self.nodes[node_id]
             if (
-                (best is None or node.end > best[0].end)
+                (best is None or (node.end, node.index) > (best[0].end, best[0].index))
                 and prompt.extends(whole)
                 # a leaf that sampled nothing: the same prompt again is a retry, not its child
                 and (len(node.completion) > 0 or len(prompt.text) > len(whole))
@@ -162,18 +173,20 @@ class RolloutGraph:
         """The node whose prompt+completion is the longest exact prefix of `prompt` (ids)."""
         return self._descend(prompt, self.roots, None)
 
-    def _descend(self, prompt: array, frontier: list[Node], best: Node | None) -> Node | None:
-        n = len(prompt)
+    def _descend(self, prompt: array, frontier: list[Node], best: Node | None,
+                 base: int = 0) -> Node | None:
+        """Longest match under `frontier`; `prompt` holds the ids from position `base` on."""
+        n = len(prompt) + base
         stack = list(frontier)
         while stack:
             node = stack.pop()
-            start, cut, end = node.start, node.prompt_len, node.end
-            if cut >= n or end > n:
+            start, cut, end = node.start - base, node.prompt_len - base, node.end - base
+            if cut + base >= n or end + base > n:
                 continue
             if prompt[start:cut] != node.seg or prompt[cut:end] != node.completion:
                 continue
-            if best is None or end > best.end:
-                best = node
+            if best is None or (node.end, node.index) > (best.end, best.index):
+                best = node  # equal ends (a retry twin, an empty turn): the newest, the deepest
             stack.extend(node.children)
         return best
 
@@ -200,12 +213,20 @@ class RolloutGraph:
             "i", completion_ids)
         hot = self._hot_parent(prompt)
         seg_text = None
-        if hot is not None and not hot[0].children:
-            parent, whole = hot
-            seg = prompt.ids_after(whole)  # the prefix is a leaf's, checked when it was added
-            seg_text = prompt.text[len(whole) + 1:]
-        else:
-            ids = prompt.ids()
+        if hot is not None:
+            top, whole = hot
+            parent = top
+            seg = prompt.ids_after(whole)  # the prefix is a hot node's, checked when it was added
+            deeper = self._descend(seg, parent.children, None, base=parent.end)
+            if deeper is None:
+                seg_text = prompt.text[len(whole) + 1:]
+            else:  # a branch under a hot node that is no longer a leaf (e.g. a retry's parent)
+                seg = seg[deeper.end - parent.end:]
+                parent = deeper
+            if self._may_match_elsewhere(top, parent, parent.end + len(seg)):
+                hot = None  # rare: another branch may extend further; decide the certain way
+        if hot is None:
+            ids, seg_text = prompt.ids(), None
             parent = self.find_parent(ids)
             seg = ids[parent.end:] if parent is not None else ids
         if _has_negative(seg):  # the parent's ids were checked when it was added
@@ -243,18 +264,39 @@ class RolloutGraph:
             whole.extend(node.completion)
             self._hot[node.node_id] = IdText.from_ids(whole).text
 
+    def _may_match_elsewhere(self, hot: Node, found: Node, n: int) -> bool:
+        """Whether a node the hot path did not look at could be a longer (or an equally long,
+        newer) prefix of an `n`-id prompt than `found` (`hot` or a node below it).
+
+        The candidates are the nodes ending in (found.end, n] (or at found.end, newer): hot ones
+        were compared already, and so was everything below `hot`. In a linear session the last
+        call holds the largest end, so this is one bisect over no candidate; after a rewind, a
+        subagent or a replayed branch, a true candidate sends the call to the full descent, which
+        is exact (the hot path alone could settle for a shorter parent there)."""
+        i = bisect.bisect_right(self._ends, (found.end, found.index))
+        while i < len(self._ends) and self._ends[i][0] <= n:
+            node = self._order[self._ends[i][1]]
+            i += 1
+            if node.node_id not in self._hot and not _is_under(node, hot):
+                return True
+        return False
+
     def _link(self, node: Node, parent: Node | None) -> None:
         node.parent = parent
         node.index = len(self.nodes)
         self.nodes[node.node_id] = node
+        self._order.append(node)
+        bisect.insort(self._ends, (node.end, node.index))
         if parent is None:
             self.roots.append(node)
         else:
             parent.children.append(node)
 
     def _make_hot(self, node: Node, whole: bytes) -> None:
-        if node.parent is not None:
-            self._hot.pop(node.parent.node_id, None)
+        # A leaf and its parent stay hot: the parent is what a retry of the leaf extends. Older
+        # ancestors are let go (each costs its whole id text).
+        if node.parent is not None and node.parent.parent is not None:
+            self._hot.pop(node.parent.parent.node_id, None)
         self._hot[node.node_id] = whole
         while len(self._hot) > HOT_LEAVES:
             self._hot.pop(next(iter(self._hot)))

@@ -202,3 +202,72 @@ def test_a_retry_of_a_call_that_sampled_nothing_is_its_sibling_not_its_child():
     assert again.parent_id is None  # same prompt: a retry (a second root), not a continuation
     child = _add(graph, "c", [1, 2, 3, 4, 5], [6])
     assert child.parent_id == "b"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_parents_match_a_brute_force_oracle_over_random_sessions(seed):
+    """Continues, retries, branches off old turns, interleaved conversations, rewrites: every
+    parent is the oracle's longest prefix, whichever path (hot leaf, hot parent, full descent)
+    the graph took to find it."""
+    import random
+
+    from capture.tokens import IdText
+
+    rng = random.Random(seed)
+    graph = RolloutGraph()
+    ends: list[tuple[str, list[int]]] = []  # (node_id, prompt + completion)
+    prompts: list[list[int]] = []
+    for i in range(120):
+        action = rng.random()
+        if not ends or action < 0.1:  # a new conversation (or a rewritten history)
+            prompt = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 6))]
+        elif action < 0.6:  # the next turn of the newest conversation
+            prompt = ends[-1][1] + [rng.randrange(1, 50) for _ in range(rng.randrange(0, 4))]
+        elif action < 0.75:  # a retry of a recent call
+            prompt = list(prompts[-rng.randrange(1, min(4, len(prompts)) + 1)])
+        else:  # a branch off any earlier turn (a subagent, an agent going back)
+            prompt = rng.choice(ends)[1] + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 4))]
+        completion = [rng.randrange(1, 50) for _ in range(rng.randrange(0, 4))]
+        node = graph.add(f"n{i}", IdText.from_ids(prompt), completion, [-0.5] * len(completion))
+        assert node.parent_id == _oracle(prompt, graph, node), (i, prompt)
+        assert node.prompt_ids().tolist() == prompt
+        ends.append((node.node_id, prompt + completion))
+        prompts.append(prompt)
+
+
+def _oracle(prompt: list[int], graph: RolloutGraph, node) -> str | None:
+    """Brute force: the longest earlier node whose prompt+completion is a prefix of `prompt` and
+    whose prompt is shorter (an equal prompt is a retry: a sibling, not a parent)."""
+    best, best_len = None, -1
+    for other in graph.nodes.values():
+        if other is node:
+            continue
+        end = other.prompt_ids().tolist() + other.completion.tolist()
+        if (other.prompt_len < len(prompt) and len(end) <= len(prompt)
+                and prompt[: len(end)] == end and len(end) >= best_len):
+            best, best_len = other.node_id, len(end)  # ties (retry twins): the newest
+    return best
+
+
+def test_a_linear_session_and_its_retries_never_reparse_the_history(monkeypatch):
+    """The usual calls (the next turn; a retry of the last one) take the hot path: the prompt is
+    matched as text and only its new ids are parsed, never the whole prompt."""
+    from capture import tokens
+    from capture.tokens import IdText
+
+    graph = RolloutGraph()
+    prompt = list(range(1000, 1500))
+    graph.add("root", IdText.from_ids(prompt), [7, 8], [-0.5, -0.5])
+    parsed: list[int] = []
+    real_parse = tokens.parse_ids
+    monkeypatch.setattr(tokens, "parse_ids", lambda text: parsed.append(
+        text.count(b",") + 1) or real_parse(text))
+    end = prompt + [7, 8]
+    for turn in range(30):
+        prompt = end + [2000 + turn, 2001 + turn]
+        node = graph.add(f"t{turn}", IdText.from_ids(prompt), [9], [-0.5])
+        if turn % 5 == 4:  # the agent retries the call it just made
+            retry = graph.add(f"r{turn}", IdText.from_ids(prompt), [10], [-0.5])
+            assert retry.parent_id == node.parent_id
+        end = prompt + [9]
+    assert max(parsed) <= 3  # only new ids were ever parsed (2 new + at most 1 completion)

@@ -168,14 +168,13 @@ async def call(http: aiohttp.ClientSession, base: str, headers: dict[str, str],
 
 
 async def agent_session(http: aiohttp.ClientSession, target: Target, turns: int, stream: bool,
-                        latencies: list[float], per_turn: list[list[float]] | None = None) -> None:
+                        latencies: list[float]) -> None:
+    """One agent: `turns` calls, each resending the history plus a tool call and its result."""
     base, headers = await target.session(http)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "fix the bug"}]
     for turn in range(turns):
         elapsed, _, message = await call(http, base, headers, messages, stream)
         latencies.append(elapsed)
-        if per_turn is not None:
-            per_turn[turn].append(elapsed)
         messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
                      {"role": "tool", "tool_call_id": f"call_{turn}", "content": TOOL_RESULT}]
 
@@ -221,22 +220,43 @@ async def concurrency(targets: list[Target], turns: int) -> None:
                       f"cpu/req x{theirs['cpu_ms'] / max(ours['cpu_ms'], 1e-9):.2f} less")
 
 
-async def long_session(target: Target, direct: Target, turns: int) -> None:
+async def long_session(target: Target, direct: Target, turns: int, engine_pid: int) -> None:
+    """One long session, each turn sent direct and through `target` back to back (paired, so
+    machine noise hits both alike), with the CPU each process spent on the proxied call."""
     print(f"\n== one {turns}-turn session through {target.name} (history grows to ~41k ids) ==")
     async with client(64) as http:
         rss0 = rss_mb(target.pid)
-        per_turn: list[list[float]] = [[] for _ in range(turns)]
-        direct_turn: list[list[float]] = [[] for _ in range(turns)]
-        await agent_session(http, direct, turns, False, [], direct_turn)
         cpu0 = cpu_seconds(target.pid)
-        await agent_session(http, target, turns, False, [], per_turn)
+        bases = [await direct.session(http), await target.session(http)]
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": "fix the bug"}]
+        added: list[float] = []
+        proxy_cpu: list[float] = []
+        engine_cpu: list[float] = []
+        for turn in range(turns):
+            direct_s, _, _ = await call(http, *bases[0], messages, False)
+            before = cpu_seconds(target.pid), cpu_seconds(engine_pid)
+            proxied_s, _, message = await call(http, *bases[1], messages, False)
+            proxy_cpu.append(cpu_seconds(target.pid) - before[0])
+            engine_cpu.append(cpu_seconds(engine_pid) - before[1])
+            added.append(proxied_s - direct_s)
+            messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
+                         {"role": "tool", "tool_call_id": f"call_{turn}", "content": TOOL_RESULT}]
         cpu = cpu_seconds(target.pid) - cpu0
         rss1 = rss_mb(target.pid)
-        added = [p[0] - d[0] for p, d in zip(per_turn, direct_turn, strict=True)]
         tenth = max(1, turns // 10)
-        print(f"  added latency p50 (all turns) {1000 * statistics.median(added):.2f} ms; "
-              f"first {tenth} turns {1000 * statistics.median(added[:tenth]):.2f} ms, "
-              f"last {tenth} turns {1000 * statistics.median(added[-tenth:]):.2f} ms")
+
+        def ms(values: list[float]) -> str:
+            return f"{1000 * statistics.median(values):.2f}"
+
+        print(f"  added latency p50 (all turns) {ms(added)} ms; first {tenth} turns "
+              f"{ms(added[:tenth])} ms, last {tenth} turns {ms(added[-tenth:])} ms")
+        early, late = ms(proxy_cpu[:tenth]), ms(proxy_cpu[-tenth:])
+        e_early, e_late = ms(engine_cpu[:tenth]), ms(engine_cpu[-tenth:])
+        print(f"  CPU per call, first -> last {tenth} turns (p50): proxy {early} -> {late} ms "
+              f"(x{float(late) / max(float(early), 1e-6):.1f}); the engine it fronts, parsing "
+              f"the same bodies: {e_early} -> {e_late} ms "
+              f"(x{float(e_late) / max(float(e_early), 1e-6):.1f})")
         print(f"  proxy CPU {1000 * cpu / turns:.2f} ms/call on average; "
               f"RSS {rss0:.1f} -> {rss1:.1f} MB (+{rss1 - rss0:.1f} MB for the live session)")
         if target.kind != "ours":
@@ -386,7 +406,7 @@ def main() -> None:
                 return
             await concurrency(targets, turns)
             for target in targets[1:]:
-                await long_session(target, direct, long_turns)
+                await long_session(target, direct, long_turns, processes[0].pid)
             await ttfb(slow_targets)
 
         asyncio.run(run())
