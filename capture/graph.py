@@ -161,7 +161,7 @@ class RolloutGraph:
         for node_id, whole in self._hot.items():
             node = self.nodes[node_id]
             if (
-                (best is None or (node.end, node.index) > (best[0].end, best[0].index))
+                (best is None or (node.end, -node.index) > (best[0].end, -best[0].index))
                 and prompt.extends(whole)
                 # a leaf that sampled nothing: the same prompt again is a retry, not its child
                 and (len(node.completion) > 0 or len(prompt.text) > len(whole))
@@ -185,8 +185,8 @@ class RolloutGraph:
                 continue
             if prompt[start:cut] != node.seg or prompt[cut:end] != node.completion:
                 continue
-            if best is None or (node.end, node.index) > (best.end, best.index):
-                best = node  # equal ends (a retry twin, an empty turn): the newest, the deepest
+            if best is None or (node.end, -node.index) > (best.end, -best.index):
+                best = node  # equal ends (retry twins that sampled the same): the oldest
             stack.extend(node.children)
         return best
 
@@ -266,17 +266,20 @@ class RolloutGraph:
 
     def _may_match_elsewhere(self, hot: Node, found: Node, n: int) -> bool:
         """Whether a node the hot path did not look at could be a longer (or an equally long,
-        newer) prefix of an `n`-id prompt than `found` (`hot` or a node below it).
+        older) prefix of an `n`-id prompt than `found` (`hot` or a node below it).
 
-        The candidates are the nodes ending in (found.end, n] (or at found.end, newer): hot ones
+        The candidates are the nodes ending in (found.end, n] (or at found.end, older): hot ones
         were compared already, and so was everything below `hot`. In a linear session the last
         call holds the largest end, so this is one bisect over no candidate; after a rewind, a
         subagent or a replayed branch, a true candidate sends the call to the full descent, which
         is exact (the hot path alone could settle for a shorter parent there)."""
-        i = bisect.bisect_right(self._ends, (found.end, found.index))
+        i = bisect.bisect_left(self._ends, (found.end, -1))
         while i < len(self._ends) and self._ends[i][0] <= n:
-            node = self._order[self._ends[i][1]]
+            end, index = self._ends[i]
             i += 1
+            if end == found.end and index >= found.index:
+                continue  # a newer twin never wins a tie
+            node = self._order[index]
             if node.node_id not in self._hot and not _is_under(node, hot):
                 return True
         return False

@@ -227,7 +227,8 @@ def test_parents_match_a_brute_force_oracle_over_random_sessions(seed):
             prompt = list(prompts[-rng.randrange(1, min(4, len(prompts)) + 1)])
         else:  # a branch off any earlier turn (a subagent, an agent going back)
             prompt = rng.choice(ends)[1] + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 4))]
-        completion = [rng.randrange(1, 50) for _ in range(rng.randrange(0, 4))]
+        # an engine samples at least one token (an immediate stop is its stop token)
+        completion = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 4))]
         node = graph.add(f"n{i}", IdText.from_ids(prompt), completion, [-0.5] * len(completion))
         assert node.parent_id == _oracle(prompt, graph, node), (i, prompt)
         assert node.prompt_ids().tolist() == prompt
@@ -244,8 +245,8 @@ def _oracle(prompt: list[int], graph: RolloutGraph, node) -> str | None:
             continue
         end = other.prompt_ids().tolist() + other.completion.tolist()
         if (other.prompt_len < len(prompt) and len(end) <= len(prompt)
-                and prompt[: len(end)] == end and len(end) >= best_len):
-            best, best_len = other.node_id, len(end)  # ties (retry twins): the newest
+                and prompt[: len(end)] == end and len(end) > best_len):
+            best, best_len = other.node_id, len(end)  # ties (retry twins): the oldest
     return best
 
 
