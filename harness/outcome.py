@@ -1,10 +1,12 @@
 """`HarnessRolloutOutcome`: what a reward function sees, built from a TrainingTrace.
 
 Our capture proxy stores every turn in one chat form whatever the agent spoke (`metadata
-["dialect"]` says which): `request.messages` holds only the messages this call added after its
-parent's request and reply (`metadata["parent_id"]`), `response.message` the assistant message.
-Anthropic `is_error: true` tool results arrive as chat tool messages prefixed `[tool error]`.
-The full transcript of a turn is rebuilt by walking its parents.
+["dialect"]` says which): `request.new_messages` holds only the messages this call added after
+its parent's request and reply (`metadata["parent_id"]`), `response.choices[0].message` the
+assistant message, and a conversation's last turn carries its whole transcript in
+`request.messages` (older traces: delta `request.messages`, `response.message`; then the
+transcript is rebuilt by walking the parents). Anthropic `is_error: true` tool results arrive as
+chat tool messages prefixed `[tool error]`.
 
 Traces from other producers (OpenEnv's capture, TRL) keep the wire shapes, so one reader per
 dialect turns those into the same few numbers:

@@ -6,7 +6,7 @@ Four shapes, one small class each, all answering the same four questions of a tu
     transcript(request)      -> chat messages                  what the model saw
     reply(response)          -> chat messages                  what it answered
 
-    Captured   our capture proxy's chat form (any dialect): response.message, delta messages
+    Captured   our capture proxy's chat form (any dialect): choices[0].message, new_messages
     Chat       OpenAI chat completions wire shape: choices[0].message
     Responses  OpenAI Responses: input[] / output[] items (function_call, *_call_output, ...)
     Messages   Anthropic Messages: tool_use / tool_result blocks, is_error
