@@ -220,21 +220,28 @@ async def concurrency(targets: list[Target], turns: int) -> None:
                       f"cpu/req x{theirs['cpu_ms'] / max(ours['cpu_ms'], 1e-9):.2f} less")
 
 
-async def long_session(target: Target, direct: Target, turns: int, engine_pid: int) -> None:
-    """One long session, each turn sent direct and through `target` back to back (paired, so
-    machine noise hits both alike), with the CPU each process spent on the proxied call."""
-    print(f"\n== one {turns}-turn session through {target.name} (history grows to ~41k ids) ==")
+async def long_session(target: Target, direct: Target, relay: Target, turns: int,
+                       engine_pid: int) -> None:
+    """One long session, each turn sent direct, through the bare relay and through `target` back
+    to back (paired, so machine noise hits all alike), with the CPU each process spent on the
+    proxied call. The relay's added latency is the floor of one more uvicorn + aiohttp hop."""
+    print(f"\n== one {turns}-turn session through {target.name} (history grows to "
+          f"~{7 + 0.227 * turns:.0f}k ids) ==")
     async with client(64) as http:
         rss0 = rss_mb(target.pid)
         cpu0 = cpu_seconds(target.pid)
-        bases = [await direct.session(http), await target.session(http)]
+        bases = [await direct.session(http), await target.session(http),
+                 await relay.session(http)]
         messages = [{"role": "system", "content": SYSTEM},
                     {"role": "user", "content": "fix the bug"}]
         added: list[float] = []
+        floor: list[float] = []
         proxy_cpu: list[float] = []
         engine_cpu: list[float] = []
         for turn in range(turns):
             direct_s, _, _ = await call(http, *bases[0], messages, False)
+            relay_s, _, _ = await call(http, *bases[2], messages, False)
+            floor.append(relay_s - direct_s)
             before = cpu_seconds(target.pid), cpu_seconds(engine_pid)
             proxied_s, _, message = await call(http, *bases[1], messages, False)
             proxy_cpu.append(cpu_seconds(target.pid) - before[0])
@@ -251,6 +258,8 @@ async def long_session(target: Target, direct: Target, turns: int, engine_pid: i
 
         print(f"  added latency p50 (all turns) {ms(added)} ms; first {tenth} turns "
               f"{ms(added[:tenth])} ms, last {tenth} turns {ms(added[-tenth:])} ms")
+        print(f"  (floor: a bare relay, uvicorn + aiohttp, nothing parsed, adds {ms(floor)} ms; "
+              f"first {tenth} turns {ms(floor[:tenth])} ms, last {ms(floor[-tenth:])} ms)")
         early, late = ms(proxy_cpu[:tenth]), ms(proxy_cpu[-tenth:])
         e_early, e_late = ms(engine_cpu[:tenth]), ms(engine_cpu[-tenth:])
         print(f"  CPU per call, first -> last {tenth} turns (p50): proxy {early} -> {late} ms "
@@ -393,6 +402,11 @@ def main() -> None:
             return Target("openenv", f"http://127.0.0.1:{port}", process.pid, "openenv")
 
         direct = Target("direct", fake, None, "direct")
+        relay_port = _port()
+        processes.append(_spawn([PY, "bench/capture/relay.py", "--engine-url", fake, "--port",
+                                 str(relay_port)], f"http://127.0.0.1:{relay_port}/health"))
+        relay = Target("relay", f"http://127.0.0.1:{relay_port}/s/relay", processes[-1].pid,
+                       "direct")
         targets = [direct, ours(fake, "ours")]
         if with_openenv:
             targets.append(openenv(fake))
@@ -406,7 +420,7 @@ def main() -> None:
                 return
             await concurrency(targets, turns)
             for target in targets[1:]:
-                await long_session(target, direct, long_turns, processes[0].pid)
+                await long_session(target, direct, relay, long_turns, processes[0].pid)
             await ttfb(slow_targets)
 
         asyncio.run(run())
