@@ -23,10 +23,12 @@ Not retained (counted in stats and in the 409 reasons, never silently dropped): 
 upstream error: never trainable) and retries nobody continued (graph.RolloutGraph.discarded).
 Aux calls ARE retained with an all-zero mask: they are real context and usage, just not credit.
 
-Speed: a 150-turn session whose history reaches 41k tokens exports ~3.5M prompt ids. Built as
-pydantic objects that takes seconds (OpenEnv's export blocked its proxy 1.5 s), so the JSON is
-assembled from per-node text fragments (each node's new ids formatted once) and streamed turn by
-turn from an async generator, letting other sessions' calls run between turns.
+Speed: a 150-turn session whose history reaches 41k tokens exports ~3.5M prompt ids (~27 MB).
+Built as pydantic objects that takes seconds (OpenEnv's export blocked its proxy 1.5 s), so the
+JSON is assembled from per-node id texts (each node's new ids formatted once, most of them cut
+from the engine's reply as text when the call was recorded) and slices of one buffer of zeros,
+joined once, and streamed in ~1 MB pieces from an async generator that lets other sessions' calls
+run between pieces: ~40 ms of CPU for that session (bench/capture).
 
 WHAT THIS MODULE CANNOT FILL IN: the reward. Scoring is the task verifier's job (the harness);
 a capture proxy that invented a number would be worse than one that leaves it out. And it never

@@ -49,7 +49,7 @@ from .tokens import IdText
 
 __all__ = ["HOT_LEAVES", "Node", "RolloutGraph"]
 
-# How many recent leaves keep their whole token sequence for the fast parent check. Each costs
+# How many recent nodes keep their whole token sequence for the fast parent check. Each costs
 # ~6 bytes of id text per token of history (~250 KB at 41k ids); parallel subagents rarely exceed a
 # handful.
 HOT_LEAVES = 4
@@ -143,7 +143,7 @@ class RolloutGraph:
         self.nodes: dict[str, Node] = {}
         self.roots: list[Node] = []
         # node_id -> the node's whole end sequence (prompt + completion) as id text
-        # (capture.tokens), for the newest leaves.
+        # (capture.tokens), for the newest leaves and their parents.
         self._hot: dict[str, bytes] = {}
         self._order: list[Node] = []  # by index
         self._ends: list[tuple[int, int]] = []  # (end, index) of every node, sorted (bisect)
@@ -156,7 +156,7 @@ class RolloutGraph:
 
     # --- ingestion ------------------------------------------------------------------------
     def _hot_parent(self, prompt: IdText) -> tuple[Node, bytes] | None:
-        """The longest hot leaf whose whole sequence is a prefix of `prompt` (compared as text)."""
+        """The longest hot node whose whole sequence is a prefix of `prompt` (compared as text)."""
         best: tuple[Node, bytes] | None = None
         for node_id, whole in self._hot.items():
             node = self.nodes[node_id]
