@@ -186,11 +186,16 @@ def test_the_trace_endpoint_answers_409_with_json_reasons(proxy, client):
 
 
 def test_every_call_is_appended_to_the_session_log_as_it_completes(client, proxy):
+    """A call is logged right after its answer leaves, before the proxy reads anything else: so
+    whatever reaches the proxy next (the agent's next call, this admin request) finds it on disk.
+    """
     info = client.create_session()
     log = proxy.data_dir / "sessions" / info.session_id / "calls.jsonl"
     conversation(info, 2)
+    assert client.stats(info.session_id)["n_ok"] == 2
     assert len(log.read_bytes().splitlines()) == 2
     conversation(info, 1)
+    assert client.stats(info.session_id)["n_ok"] == 3
     assert len(log.read_bytes().splitlines()) == 3
 
 

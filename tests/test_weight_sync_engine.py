@@ -158,15 +158,19 @@ def test_a_request_in_flight_during_a_push_is_kept_and_finishes(gloo_engine: Eng
                     first_tokens.set()
 
     reader = threading.Thread(target=stream)
-    reader.start()
-    assert first_tokens.wait(120), "the generation never started"
     with VLLMWeightSync(gloo_engine.url, "harness_gloo") as sync:
+        # The first push also sets up the transfer group (seconds on a CPU); done before the
+        # generation starts, so the push under test is only pause, send, resume and cannot
+        # outlast a 1500-token generation on a fast machine.
         sync.push(model, 3)
-    in_flight_at_push = len(chunks)
+        reader.start()
+        assert first_tokens.wait(120), "the generation never started"
+        sync.push(model, 4)
+        after_push = len(chunks)
     reader.join(300)
     finish = [c["choices"][0].get("finish_reason") for c in chunks if c["choices"]]
     assert finish[-1] == "length"  # ran to max_tokens: neither aborted nor cut short
-    assert in_flight_at_push < len(chunks)  # it was still generating when the push happened
+    assert after_push < len(chunks)  # it was still generating when the push ended
 
 
 def test_the_vllm_plugin_registers_once_in_the_engine_venv_with_only_torch_and_vllm():
