@@ -12,7 +12,9 @@ and translates only the items after it. So the Python-level work per call is O(n
 history is touched only by C-level compares, as the rollout graph does with token ids.
 
 Why equality and not identity or hashes: every request is parsed afresh, so nothing is identical;
-equality is exact (no collision can reuse a wrong translation) and costs a memcmp per string.
+equality has no collisions and costs a memcmp per string. Its one looseness is Python's: JSON `1`,
+`1.0` and `true` compare equal, so a resent message that changed only that spelling of a value
+would get the earlier spelling. Text (contents, tool-call arguments, ids) is compared exactly.
 
 Constraints on the translators it runs: an item's translation may depend only on the item itself
 (never on its neighbours), and neither the memo's users nor anything downstream may mutate a
