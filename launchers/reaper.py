@@ -17,30 +17,30 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 __all__ = ["start_reaper"]
 
 POLL_S = 0.5
 
 
-def _alive(pid: int) -> bool:
+def _exists(send: Callable[[int, int], None], target: int) -> bool:
+    """Whether a process (os.kill) or process group (os.killpg) exists: signal 0 probes it."""
     try:
-        os.kill(pid, 0)
+        send(target, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # it exists, it is just not ours
         return True
     return True
+
+
+def _alive(pid: int) -> bool:
+    return _exists(os.kill, pid)
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _exists(os.killpg, pgid)
 
 
 def start_reaper(pgid: int, launcher_pid: int | None = None) -> subprocess.Popen[bytes]:

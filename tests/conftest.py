@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -52,3 +53,12 @@ def engine(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     log = tmp_path_factory.mktemp("engine") / "vllm.log"
     with Engine(tiny_model_path, served_model_name=TINY_MODEL_NAME, log_path=log) as running:
         yield RunningEngine(url=running.url, model=running.model, model_path=tiny_model_path)
+
+
+@pytest.fixture(scope="module")
+def admin(engine: RunningEngine) -> Iterator[Any]:
+    """A capture proxy in front of the session's engine, one per module, and its admin client."""
+    from capture import CaptureClient, CaptureServer
+
+    with CaptureServer(engine.url) as proxy, CaptureClient(proxy.url, proxy.admin_key) as client:
+        yield client

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from capture import CaptureClient, CaptureServer
+from tests.prefix_oracle import turn_parent
 
 pytestmark = [pytest.mark.engine, pytest.mark.agents, pytest.mark.slow]
 
@@ -44,16 +44,15 @@ def _agent(name: str) -> Path:
         pytest.fail(f"{name} is not installed here: {exc}")
 
 
-@pytest.fixture(scope="module")
-def proxy(engine):
-    with CaptureServer(engine.url) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def admin(proxy):
-    with CaptureClient(proxy.url, proxy.admin_key) as client:
-        yield client
+def _prepare(admin, tmp_path: Path, name: str, config_dir: str):
+    """The agent's binary, a fresh capture session, and an empty HOME (with its config dir) and
+    work dir for it."""
+    binary = _agent(name)
+    info = admin.create_session(sampling=POLICY)
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / config_dir).mkdir(parents=True)
+    work.mkdir()
+    return binary, info, home, work
 
 
 def run_agent(argv: list[str], home: Path, work: Path, env: dict[str, str]) -> str:
@@ -74,17 +73,6 @@ def run_agent(argv: list[str], home: Path, work: Path, env: dict[str, str]) -> s
     return output.decode("utf-8", "replace")[-3000:]
 
 
-def _oracle_parent(turn: dict, earlier: list[dict]) -> str | None:
-    best, best_len = None, -1
-    prompt = turn["prompt_token_ids"]
-    for other in earlier:
-        end = other["prompt_token_ids"] + other["completion_token_ids"]
-        if len(other["prompt_token_ids"]) < len(prompt) and len(end) <= len(prompt) and (
-                prompt[: len(end)] == end and len(end) > best_len):
-            best, best_len = other["node_id"], len(end)
-    return best
-
-
 def check_capture(admin, info, output: str, dialect: str) -> list[dict]:
     """The assertions every agent shares; returns the turns for agent-specific checks."""
     from openenv.core.harness.training import TrainingTrace
@@ -100,7 +88,7 @@ def check_capture(admin, info, output: str, dialect: str) -> list[dict]:
     for i, turn in enumerate(turns):
         assert turn["metadata"]["dialect"] == dialect
         # parents are exactly the longest token-prefix predecessors (retries excluded already)
-        assert turn["metadata"]["parent_id"] == _oracle_parent(turn, turns[:i]), i
+        assert turn["metadata"]["parent_id"] == turn_parent(turn, turns[:i]), i
     agent_turns = [t for t in turns if not t["metadata"]["aux"]]
     chained = sum(1 for t in agent_turns[1:] if t["metadata"]["parent_id"] is not None)
     print(f"{dialect}: {len(turns)} turns, {len(agent_turns)} agent turns, {chained} chained, "
@@ -109,11 +97,7 @@ def check_capture(admin, info, output: str, dialect: str) -> list[dict]:
 
 
 def test_opencode_streaming_chat_is_captured_with_its_title_call_tagged(admin, tmp_path):
-    binary = _agent("opencode")
-    info = admin.create_session(sampling=POLICY)
-    home, work = tmp_path / "home", tmp_path / "work"
-    (home / ".config/opencode").mkdir(parents=True)
-    work.mkdir()
+    binary, info, home, work = _prepare(admin, tmp_path, "opencode", ".config/opencode")
     config = {
         "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
         "model": "capture/tiny", "small_model": "capture/tiny",
@@ -139,11 +123,7 @@ def test_opencode_streaming_chat_is_captured_with_its_title_call_tagged(admin, t
 
 
 def test_claude_code_streaming_messages_are_captured(admin, tmp_path):
-    binary = _agent("claude")
-    info = admin.create_session(sampling=POLICY)
-    home, work = tmp_path / "home", tmp_path / "work"
-    (home / ".claude").mkdir(parents=True)
-    work.mkdir()
+    binary, info, home, work = _prepare(admin, tmp_path, "claude", ".claude")
     (home / ".claude/.claude.json").write_text('{"hasCompletedOnboarding": true}\n')
     env = {"ANTHROPIC_BASE_URL": info.base_urls["messages"], "ANTHROPIC_API_KEY": info.secret,
            "CLAUDE_CONFIG_DIR": str(home / ".claude"), "IS_SANDBOX": "1",
@@ -160,11 +140,7 @@ def test_claude_code_streaming_messages_are_captured(admin, tmp_path):
 
 
 def test_codex_streaming_responses_are_captured(admin, tmp_path):
-    binary = _agent("codex")
-    info = admin.create_session(sampling=POLICY)
-    home, work = tmp_path / "home", tmp_path / "work"
-    (home / ".codex").mkdir(parents=True)
-    work.mkdir()
+    binary, info, home, work = _prepare(admin, tmp_path, "codex", ".codex")
     (home / ".codex/config.toml").write_text("\n".join([
         'model = "tiny"', 'model_provider = "capture"', 'approval_policy = "never"',
         'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
@@ -180,11 +156,7 @@ def test_codex_streaming_responses_are_captured(admin, tmp_path):
 
 
 def test_mini_swe_agent_non_streaming_chat_is_captured(admin, tmp_path):
-    binary = _agent("mini")
-    info = admin.create_session(sampling=POLICY)
-    home, work = tmp_path / "home", tmp_path / "work"
-    (home / ".config/mini-swe-agent").mkdir(parents=True)
-    work.mkdir()
+    binary, info, home, work = _prepare(admin, tmp_path, "mini", ".config/mini-swe-agent")
     config_path = home / ".config/mini-swe-agent/capture.yaml"
     config_path.write_text(json.dumps({
         "model": {"model_kwargs": {"api_base": info.base_urls["chat"], "api_key": info.secret,

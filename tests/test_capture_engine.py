@@ -16,7 +16,7 @@ import json
 import httpx
 import pytest
 
-from capture import CaptureClient, CaptureServer
+from tests.prefix_oracle import turn_parent
 
 pytestmark = pytest.mark.engine
 
@@ -27,18 +27,6 @@ TOOLS = [{"type": "function", "function": {
 MESSAGES = [{"role": "system", "content": "You are a careful coding agent."},
             {"role": "user", "content": "List the files, then fix the failing test."}]
 POLICY = {"temperature": 1.0, "max_tokens": 12}
-
-
-@pytest.fixture(scope="module")
-def proxy(engine):
-    with CaptureServer(engine.url) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def admin(proxy):
-    with CaptureClient(proxy.url, proxy.admin_key) as client:
-        yield client
 
 
 def chat(info, messages, **extra) -> dict:
@@ -115,18 +103,6 @@ def test_an_agent_that_asks_for_logprobs_gets_them(admin):
     assert reply["choices"][0]["logprobs"]["content"]
 
 
-def _oracle_parent(turn: dict, earlier: list[dict]) -> str | None:
-    """Brute force: the earlier turn whose prompt+completion is the longest prefix of this prompt."""
-    best, best_len = None, -1
-    prompt = turn["prompt_token_ids"]
-    for other in earlier:
-        end = other["prompt_token_ids"] + other["completion_token_ids"]
-        if len(other["prompt_token_ids"]) < len(prompt) and len(end) <= len(prompt) and (
-                prompt[: len(end)] == end and len(end) > best_len):
-            best, best_len = other["node_id"], len(end)
-    return best
-
-
 def test_parents_match_a_brute_force_prefix_oracle_on_a_real_conversation(admin):
     info = admin.create_session(sampling={"temperature": 1.0, "max_tokens": 4})
     messages = list(MESSAGES)
@@ -137,7 +113,7 @@ def test_parents_match_a_brute_force_prefix_oracle_on_a_real_conversation(admin)
     recorded = turns(admin, info)
     assert len(recorded) == 6
     for i, turn in enumerate(recorded):
-        assert turn["metadata"]["parent_id"] == _oracle_parent(turn, recorded[:i])
+        assert turn["metadata"]["parent_id"] == turn_parent(turn, recorded[:i])
     # and at least the second call did continue the first (a system prompt + user turn)
     assert recorded[1]["metadata"]["parent_id"] == recorded[0]["node_id"]
 

@@ -12,6 +12,7 @@ import pytest
 from capture.aux import aux_hint, classify
 from capture.graph import HOT_LEAVES, RolloutGraph
 from capture.sampling import SamplingPolicy
+from tests.prefix_oracle import oracle_parent
 
 
 def _add(graph: RolloutGraph, node_id: str, prompt: list[int], completion: list[int]):
@@ -230,45 +231,9 @@ def test_parents_match_a_brute_force_oracle_over_random_sessions(seed):
         # an engine samples at least one token (an immediate stop is its stop token)
         completion = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 4))]
         node = graph.add(f"n{i}", IdText.from_ids(prompt), completion, [-0.5] * len(completion))
-        assert node.parent_id == _oracle(prompt, graph, node), (i, prompt)
+        earlier = [(n.node_id, n.prompt_ids().tolist(), n.completion.tolist())
+                   for n in graph.nodes.values() if n is not node]
+        assert node.parent_id == oracle_parent(prompt, earlier), (i, prompt)
         assert node.prompt_ids().tolist() == prompt
         ends.append((node.node_id, prompt + completion))
         prompts.append(prompt)
-
-
-def _oracle(prompt: list[int], graph: RolloutGraph, node) -> str | None:
-    """Brute force: the longest earlier node whose prompt+completion is a prefix of `prompt` and
-    whose prompt is shorter (an equal prompt is a retry: a sibling, not a parent)."""
-    best, best_len = None, -1
-    for other in graph.nodes.values():
-        if other is node:
-            continue
-        end = other.prompt_ids().tolist() + other.completion.tolist()
-        if (other.prompt_len < len(prompt) and len(end) <= len(prompt)
-                and prompt[: len(end)] == end and len(end) > best_len):
-            best, best_len = other.node_id, len(end)  # ties (retry twins): the oldest
-    return best
-
-
-def test_a_linear_session_and_its_retries_never_reparse_the_history(monkeypatch):
-    """The usual calls (the next turn; a retry of the last one) take the hot path: the prompt is
-    matched as text and only its new ids are parsed, never the whole prompt."""
-    from capture import tokens
-    from capture.tokens import IdText
-
-    graph = RolloutGraph()
-    prompt = list(range(1000, 1500))
-    graph.add("root", IdText.from_ids(prompt), [7, 8], [-0.5, -0.5])
-    parsed: list[int] = []
-    real_parse = tokens.parse_ids
-    monkeypatch.setattr(tokens, "parse_ids", lambda text: parsed.append(
-        text.count(b",") + 1) or real_parse(text))
-    end = prompt + [7, 8]
-    for turn in range(30):
-        prompt = end + [2000 + turn, 2001 + turn]
-        node = graph.add(f"t{turn}", IdText.from_ids(prompt), [9], [-0.5])
-        if turn % 5 == 4:  # the agent retries the call it just made
-            retry = graph.add(f"r{turn}", IdText.from_ids(prompt), [10], [-0.5])
-            assert retry.parent_id == node.parent_id
-        end = prompt + [9]
-    assert max(parsed) <= 3  # only new ids were ever parsed (2 new + at most 1 completion)
