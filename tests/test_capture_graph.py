@@ -237,3 +237,27 @@ def test_parents_match_a_brute_force_oracle_over_random_sessions(seed):
         assert node.prompt_ids().tolist() == prompt
         ends.append((node.node_id, prompt + completion))
         prompts.append(prompt)
+
+
+def test_a_linear_session_and_its_retries_never_reparse_the_history(monkeypatch):
+    """The usual calls (the next turn; a retry of the last one) take the hot path: the prompt is
+    matched as text and only its new ids are parsed, never the whole prompt."""
+    from capture import tokens
+    from capture.tokens import IdText
+
+    graph = RolloutGraph()
+    prompt = list(range(1000, 1500))
+    graph.add("root", IdText.from_ids(prompt), [7, 8], [-0.5, -0.5])
+    parsed: list[int] = []
+    real_parse = tokens.parse_ids
+    monkeypatch.setattr(tokens, "parse_ids", lambda text: parsed.append(
+        text.count(b",") + 1) or real_parse(text))
+    end = prompt + [7, 8]
+    for turn in range(30):
+        prompt = end + [2000 + turn, 2001 + turn]
+        node = graph.add(f"t{turn}", IdText.from_ids(prompt), [9], [-0.5])
+        if turn % 5 == 4:  # the agent retries the call it just made
+            retry = graph.add(f"r{turn}", IdText.from_ids(prompt), [10], [-0.5])
+            assert retry.parent_id == node.parent_id
+        end = prompt + [9]
+    assert max(parsed) <= 3  # only new ids were ever parsed (2 new + at most 1 completion)
