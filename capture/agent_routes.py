@@ -73,7 +73,8 @@ def _authorize(state: CaptureState, request: Request) -> Session:
     return session
 
 
-async def _read_json(state: CaptureState, request: Request) -> dict[str, Any]:
+async def _read_json(state: CaptureState, request: Request,
+                     parse: Callable[[bytes], Any] = loads) -> dict[str, Any]:
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if ctype and ctype != "application/json" and not ctype.endswith("+json"):
         raise BadRequest(f"content-type must be application/json, got {ctype[:80]!r}", status=415)
@@ -92,7 +93,7 @@ async def _read_json(state: CaptureState, request: Request) -> dict[str, Any]:
     if not raw.strip():
         raise BadRequest("request body is empty; send a JSON object")
     try:
-        body = loads(raw)
+        body = parse(raw)
     except JSON_ERRORS as exc:
         raise BadRequest(f"request body is not valid JSON: {str(exc)[:200]}") from exc
     if not isinstance(body, dict):
@@ -115,7 +116,7 @@ async def _agent_call(request: Request, dialect: Dialect) -> Response:
     state: CaptureState = request.app.state.capture
     try:
         session = _authorize(state, request)
-        body = await _read_json(state, request)
+        body = await _read_json(state, request, session.reader.read)
         try:
             chat = dialect.to_chat(body, session.memo)
         except DialectError:
@@ -174,7 +175,7 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
     recorder = CallRecorder()
     if not stream:
         try:
-            reply, prompt = await state.engine.complete(chat)
+            reply, prompt = await state.engine.complete(session.engine_bodies.encode(chat))
             recorder.add_reply(reply, prompt)
             capture = recorder.result()
         except UpstreamError as exc:
@@ -190,7 +191,7 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
         return _AnswerThenRecord(answer, lambda: _finish_ok(
             state, session, call_id, recorder, capture, info, started))
     try:
-        upstream = await state.engine.open_stream(chat)
+        upstream = await state.engine.open_stream(session.engine_bodies.encode(chat))
     except UpstreamError as exc:
         _finish_failed(state, session, call_id, exc, info, started)
         return _error(dialect, exc)

@@ -42,6 +42,7 @@ from .dialects.memo import TranslationMemo
 from .errors import BadRequest, BadSessionKey, UnknownSession
 from .graph import Node, RolloutGraph
 from .recorder import Capture
+from .resent import EngineBodies, RequestReader
 from .sampling import SamplingPolicy
 from .upstream import dumps, loads
 
@@ -70,6 +71,10 @@ class Session:
     # What recent requests translated to, so a resent history is not re-translated (not persisted:
     # a restarted proxy just translates the next call in full).
     memo: TranslationMemo = field(default_factory=TranslationMemo)
+    # The last request bodies, in and out, so a resent history is neither parsed nor serialised
+    # again (capture/resent.py; not persisted either).
+    reader: RequestReader = field(default_factory=RequestReader)
+    engine_bodies: EngineBodies = field(default_factory=EngineBodies)
 
     def check_key(self, presented: str | None) -> None:
         if presented is None or not hmac.compare_digest(

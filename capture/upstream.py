@@ -125,13 +125,15 @@ class EngineClient:
                 raise EngineHTTPError(200, f"/v1/models answered without a model: {reply}") from exc
         return self._model
 
-    async def complete(self, chat: dict[str, Any]) -> tuple[dict[str, Any], IdText | None]:
-        """Send a non-streaming chat completion; return the parsed reply and its prompt ids.
+    async def complete(self, chat: dict[str, Any] | bytes) -> tuple[dict[str, Any], IdText | None]:
+        """Send a non-streaming chat completion (a dict, or its JSON already written); return the
+        parsed reply and its prompt ids.
 
         The prompt ids are cut out of the raw reply before parsing (capture.tokens), so the reply's
         `prompt_token_ids` is None and the ids come back as text, unparsed.
         """
-        return await self._request("POST", "/v1/chat/completions", dumps(chat), split=True)
+        body = chat if isinstance(chat, bytes) else dumps(chat)
+        return await self._request("POST", "/v1/chat/completions", body, split=True)
 
     async def _request(self, method: str, path: str, body: bytes | None = None,
                        split: bool = False) -> Any:
@@ -148,11 +150,13 @@ class EngineClient:
         reply, prompt = _parse_reply(content) if split else (_parse_object(content), None)
         return (reply, prompt) if split else reply
 
-    async def open_stream(self, chat: dict[str, Any]) -> EngineStream:
-        """Start a streaming chat completion; raises before any byte reaches the agent on error."""
+    async def open_stream(self, chat: dict[str, Any] | bytes) -> EngineStream:
+        """Start a streaming chat completion (a dict, or its JSON already written); raises before
+        any byte reaches the agent on error."""
+        body = chat if isinstance(chat, bytes) else dumps(chat)
         try:
             response = await self._http().post(
-                self.engine_url + "/v1/chat/completions", data=dumps(chat), headers=_JSON_HEADERS
+                self.engine_url + "/v1/chat/completions", data=body, headers=_JSON_HEADERS
             )
         except (aiohttp.ClientError, OSError) as exc:  # TimeoutError is an OSError
             raise _translate(exc, self.engine_url) from exc
