@@ -14,18 +14,20 @@ Logprob entries read `token_id:N` because the engine runs with --return-tokens-a
 lets the recorder check the id/logprob pairing at every position.
 
 Decisions:
-  * One aiohttp session for the whole proxy (shared keep-alive pool). Not httpx: measured here
-    with a 31 KB request and a 7.5k-id reply, httpx's AsyncClient cost 4.8 ms of CPU per request
-    at 1-8 concurrent and 12.7 ms at 64 (its pool scans every connection per request); aiohttp
-    cost 1.8 ms at every concurrency, parsing included. The engine call is the proxy's hottest
-    path, so that difference is most of the proxy's budget.
-  * Streaming is passed through as it arrives: `stream()` yields each parsed chunk the moment its
-    SSE event is complete; nothing waits for the whole reply (OpenEnv 0.10's proxy did, so its time
-    to first byte equalled the generation time: 741 ms against 9 ms direct at 5 ms/token).
-  * aiohttp errors never leave this module: they become capture.errors.UpstreamError subclasses.
+  * One pool of keep-alive connections for the whole proxy, on the proxy's own small HTTP/1.1
+    client (`engine_http.py`, httptools). Not httpx: measured here with a 31 KB request and a
+    7.5k-id reply, httpx's AsyncClient cost 4.8 ms of CPU per request at 1-8 concurrent and
+    12.7 ms at 64 (its pool scans every connection per request). Not aiohttp either, which cost
+    ~0.6 ms per call more than the httptools client (`engine_http.py` says where it went).
+  * Streaming is passed through as it arrives: `batches()` yields each parsed chunk the moment
+    its SSE event is complete; nothing waits for the whole reply (OpenEnv 0.10's proxy did, so its
+    time to first byte equalled the generation time: 741 ms against 9 ms direct at 5 ms/token).
+  * Socket and timeout errors never leave this module: they become capture.errors.UpstreamError
+    subclasses.
 
 What it does not do: retry. A retry would re-sample; the agent (or its SDK) decides whether to
-retry, and each attempt is then a recorded call of its own.
+retry, and each attempt is then a recorded call of its own. (The one resend, in `engine_http.py`,
+is of a request the engine closed its keep-alive connection on without reading: nothing sampled.)
 """
 
 from __future__ import annotations
@@ -34,8 +36,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
-
+from .engine_http import EngineHTTP, EngineReply, split_url
 from .errors import (
     EngineDisconnected,
     EngineHTTPError,
@@ -75,8 +76,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 class EngineClient:
     """Async client to one engine. `complete()` for whole replies, `open_stream()` for SSE.
 
-    The aiohttp session is created on first use, inside the proxy's event loop (aiohttp binds a
-    session to the loop it was made in), and closed by the app's lifespan.
+    The connection pool is created on first use, inside the proxy's event loop, and closed by the
+    app's lifespan.
     """
 
     def __init__(
@@ -89,31 +90,25 @@ class EngineClient:
     ) -> None:
         base = engine_url.rstrip("/")
         self.engine_url = base[:-3] if base.endswith("/v1") else base
+        self._host, self._port = split_url(self.engine_url)
         self.timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: EngineHTTP | None = None
         self._model: str | None = None
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self._max_connections, keepalive_timeout=60, ttl_dns_cache=None,
-                    ssl=False,  # the engine is plain http; skips loading a CA bundle (~0.2 s)
-                ),
-                # sock_read: the longest the engine may stay silent (whole reply, or next chunk).
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self._connect_timeout_s, sock_read=self.timeout_s
-                ),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            )
-        return self._session
+    def _http(self) -> EngineHTTP:
+        if self._pool is None:
+            # read_timeout_s: the longest the engine may stay silent (whole reply, or next chunk).
+            self._pool = EngineHTTP(self._host, self._port,
+                                    connect_timeout_s=self._connect_timeout_s,
+                                    read_timeout_s=self.timeout_s,
+                                    max_connections=self._max_connections)
+        return self._pool
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            await self._pool.aclose()
 
     async def served_model(self) -> str:
         """The engine's served model name (asked once, then cached)."""
@@ -138,12 +133,10 @@ class EngineClient:
     async def _request(self, method: str, path: str, body: bytes | None = None,
                        split: bool = False) -> Any:
         try:
-            async with self._http().request(
-                method, self.engine_url + path, data=body, headers=_JSON_HEADERS
-            ) as response:
-                content = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, OSError) as exc:  # TimeoutError is an OSError
+            response = await self._http().request(method, path, body)
+            content = await response.read()
+            status = response.status
+        except OSError as exc:  # TimeoutError and the connection errors are OSErrors
             raise _translate(exc, self.engine_url) from exc
         if status != 200:
             raise EngineHTTPError(status, _error_body(content))
@@ -155,23 +148,18 @@ class EngineClient:
         any byte reaches the agent on error."""
         body = chat if isinstance(chat, bytes) else dumps(chat)
         try:
-            response = await self._http().post(
-                self.engine_url + "/v1/chat/completions", data=body, headers=_JSON_HEADERS
-            )
-        except (aiohttp.ClientError, OSError) as exc:  # TimeoutError is an OSError
+            response = await self._http().request("POST", "/v1/chat/completions", body)
+        except OSError as exc:  # TimeoutError and the connection errors are OSErrors
             raise _translate(exc, self.engine_url) from exc
         if response.status != 200:
             try:
                 content = await response.read()
-            except (TimeoutError, aiohttp.ClientError, OSError):
+            except OSError:
                 content = b""
             finally:
                 response.release()
             raise EngineHTTPError(response.status, _error_body(content))
         return EngineStream(response, self.engine_url)
-
-
-_JSON_HEADERS = {"content-type": "application/json"}
 
 
 def _parse_object(content: bytes) -> dict[str, Any]:
@@ -197,10 +185,10 @@ def _parse_reply(content: bytes) -> tuple[dict[str, Any], IdText | None]:
 
 
 def _translate(exc: Exception, engine_url: str) -> UpstreamError:
-    """aiohttp / socket / timeout errors -> the capture tree (the one place they are mapped)."""
+    """Socket and timeout errors -> the capture tree (the one place they are mapped)."""
     if isinstance(exc, TimeoutError):  # before OSError: TimeoutError is one
         return EngineTimeout(f"engine at {engine_url} timed out ({exc!r})")
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+    if isinstance(exc, ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
         return EngineDisconnected(f"engine at {engine_url} dropped the connection: {exc!r}")
     return EngineUnreachable(f"engine at {engine_url} unreachable: {exc!r}")
 
@@ -208,7 +196,7 @@ def _translate(exc: Exception, engine_url: str) -> UpstreamError:
 class EngineStream:
     """One open SSE reply. Iterate `batches()`; always `aclose()` (the route does)."""
 
-    def __init__(self, response: aiohttp.ClientResponse, engine_url: str) -> None:
+    def __init__(self, response: EngineReply, engine_url: str) -> None:
         self._response = response
         self._engine_url = engine_url
         self.prompt: IdText | None = None  # from the first event, cut out before parsing
@@ -221,13 +209,12 @@ class EngineStream:
         (several events in one read) they travel on as one write instead of one per token.
 
         Raises EngineDisconnected if the stream ends without `[DONE]`, EngineTimeout if the engine
-        goes quiet, EngineHTTPError if it sends an error event. Lines are split here rather than
-        with the reader's readline: vLLM's first chunk carries every prompt id on one line
-        (~250 KB at 41k ids), over aiohttp's 64 KB line limit.
+        goes quiet, EngineHTTPError if it sends an error event. Lines are split here, on whatever
+        arrived: vLLM's first chunk carries every prompt id on one line (~250 KB at 41k ids).
         """
         pending = b""
         try:
-            async for raw in self._response.content.iter_any():
+            async for raw in self._response.iter_any():
                 lines = (pending + raw).split(b"\n") if pending else raw.split(b"\n")
                 pending = lines.pop()
                 batch: list[dict[str, Any]] = []
@@ -250,7 +237,7 @@ class EngineStream:
                     batch.append(chunk)
                 if batch:
                     yield batch
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except OSError as exc:  # TimeoutError and the connection errors are OSErrors
             translated = _translate(exc, self._engine_url)
             if isinstance(translated, EngineUnreachable):  # broke after it started: a disconnect
                 translated = EngineDisconnected(f"engine stream broke: {exc!r}")
@@ -260,10 +247,7 @@ class EngineStream:
     async def aclose(self) -> None:
         # Releasing a finished stream returns the connection to the pool; an unfinished one is
         # closed (its remaining bytes are unknown).
-        if self._response.content.at_eof():
-            self._response.release()
-        else:
-            self._response.close()
+        self._response.release()
 
 
 def _error_body(content: bytes) -> Any:

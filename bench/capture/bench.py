@@ -224,7 +224,8 @@ async def long_session(target: Target, direct: Target, relay: Target, turns: int
                        engine_pid: int) -> None:
     """One long session, each turn sent direct, through the bare relay and through `target` back
     to back (paired, so machine noise hits all alike), with the CPU each process spent on the
-    proxied call. The relay's added latency is the floor of one more uvicorn + aiohttp hop."""
+    proxied call. The relay (uvicorn + Starlette + capture.engine_http, nothing parsed) gives the
+    floor of one more hop on the proxy's own stack, in latency and in CPU."""
     print(f"\n== one {turns}-turn session through {target.name} (history grows to "
           f"~{7 + 0.227 * turns:.0f}k ids) ==")
     async with client(64) as http:
@@ -237,18 +238,26 @@ async def long_session(target: Target, direct: Target, relay: Target, turns: int
         added: list[float] = []
         floor: list[float] = []
         proxy_cpu: list[float] = []
+        relay_cpu: list[float] = []
         engine_cpu: list[float] = []
+        pending = None  # the proxy's CPU before its last call: that call's cost is read at the
+        # start of the next turn, so the recording it does after answering is counted too
         for turn in range(turns):
+            if pending is not None:
+                proxy_cpu.append(cpu_seconds(target.pid) - pending)
             direct_s, _, _ = await call(http, *bases[0], messages, False)
+            before_relay = cpu_seconds(relay.pid) if relay.pid else 0.0
             relay_s, _, _ = await call(http, *bases[2], messages, False)
+            relay_cpu.append((cpu_seconds(relay.pid) - before_relay) if relay.pid else 0.0)
             floor.append(relay_s - direct_s)
-            before = cpu_seconds(target.pid), cpu_seconds(engine_pid)
+            pending, engine_before = cpu_seconds(target.pid), cpu_seconds(engine_pid)
             proxied_s, _, message = await call(http, *bases[1], messages, False)
-            proxy_cpu.append(cpu_seconds(target.pid) - before[0])
-            engine_cpu.append(cpu_seconds(engine_pid) - before[1])
+            engine_cpu.append(cpu_seconds(engine_pid) - engine_before)
             added.append(proxied_s - direct_s)
             messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
                          {"role": "tool", "tool_call_id": f"call_{turn}", "content": TOOL_RESULT}]
+        await asyncio.sleep(0.05)
+        proxy_cpu.append(cpu_seconds(target.pid) - pending)
         cpu = cpu_seconds(target.pid) - cpu0
         rss1 = rss_mb(target.pid)
         tenth = max(1, turns // 10)
@@ -258,14 +267,18 @@ async def long_session(target: Target, direct: Target, relay: Target, turns: int
 
         print(f"  added latency p50 (all turns) {ms(added)} ms; first {tenth} turns "
               f"{ms(added[:tenth])} ms, last {tenth} turns {ms(added[-tenth:])} ms")
-        print(f"  (floor: a bare relay, uvicorn + aiohttp, nothing parsed, adds {ms(floor)} ms; "
+        print(f"  (floor: a bare relay on the proxy's stack, nothing parsed, adds {ms(floor)} ms; "
               f"first {tenth} turns {ms(floor[:tenth])} ms, last {ms(floor[-tenth:])} ms)")
         early, late = ms(proxy_cpu[:tenth]), ms(proxy_cpu[-tenth:])
+        own = [p - r for p, r in zip(proxy_cpu, relay_cpu, strict=True)]
         e_early, e_late = ms(engine_cpu[:tenth]), ms(engine_cpu[-tenth:])
         print(f"  CPU per call, first -> last {tenth} turns (p50): proxy {early} -> {late} ms "
               f"(x{float(late) / max(float(early), 1e-6):.1f}); the engine it fronts, parsing "
               f"the same bodies: {e_early} -> {e_late} ms "
-              f"(x{float(e_late) / max(float(e_early), 1e-6):.1f})")
+              f"(x{float(e_late) / max(float(e_early), 1e-6):.1f}); the relay's "
+              f"{ms(relay_cpu[:tenth])} -> {ms(relay_cpu[-tenth:])} ms")
+        print(f"  CPU per call over the relay's (the capture's own work), first -> last {tenth} "
+              f"turns (p50): {ms(own[:tenth])} -> {ms(own[-tenth:])} ms")
         print(f"  proxy CPU {1000 * cpu / turns:.2f} ms/call on average; "
               f"RSS {rss0:.1f} -> {rss1:.1f} MB (+{rss1 - rss0:.1f} MB for the live session)")
         if target.kind != "ours":

@@ -1,9 +1,10 @@
-"""A bare relay: the floor under any Python proxy built on uvicorn + aiohttp, for the benchmark.
+"""A bare relay: the floor under the capture proxy's own stack, for the benchmark.
 
 It forwards each chat request's bytes to the engine unparsed and returns the engine's reply bytes
-unparsed: no JSON, no translation, no recording, no auth. Whatever latency it adds over calling
-the engine directly is the cost of one more HTTP hop through this stack on this machine, which
-no capture proxy on the same stack can go below; the benchmark prints it beside ours.
+unparsed: no JSON, no translation, no recording, no auth. It runs on what the proxy runs on
+(uvicorn + Starlette in, `capture.engine_http` out), so whatever latency it adds over calling the
+engine directly is the cost of one more HTTP hop through that stack on this machine, which the
+capture cannot go below; the benchmark prints it beside ours.
 
     .venv/bin/python bench/capture/relay.py --engine-url http://127.0.0.1:8400 --port 8500
 """
@@ -13,27 +14,26 @@ from __future__ import annotations
 import argparse
 import time
 
-import aiohttp
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from capture.engine_http import EngineHTTP, split_url
 from capture.serving import ThreadedUvicorn
 
 
 def relay_app(engine_url: str) -> Starlette:
-    http: dict[str, aiohttp.ClientSession] = {}
+    host, port = split_url(engine_url)
+    pools: dict[str, EngineHTTP] = {}
 
     async def forward(request: Request) -> Response:
-        if "session" not in http:  # made inside the serving loop, as aiohttp requires
-            http["session"] = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=512, ssl=False), auto_decompress=False)
+        if "engine" not in pools:  # made inside the serving loop, which its semaphore binds to
+            pools["engine"] = EngineHTTP(host, port)
         body = await request.body()
-        async with http["session"].post(f"{engine_url}/v1/chat/completions", data=body,
-                                        headers={"content-type": "application/json"}) as reply:
-            content = await reply.read()
-            return Response(content, status_code=reply.status, media_type="application/json")
+        reply = await pools["engine"].request("POST", "/v1/chat/completions", body)
+        content = await reply.read()
+        return Response(content, status_code=reply.status, media_type="application/json")
 
     async def health(request: Request) -> Response:
         return Response(b"{}", media_type="application/json")

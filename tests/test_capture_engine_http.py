@@ -1,0 +1,297 @@
+"""The engine leg's HTTP client (capture/engine_http.py): keep-alive, resend, bodies, faults.
+
+    .venv/bin/python -m pytest tests/test_capture_engine_http.py -q
+
+Against the real fake engine (uvicorn) where the behaviour is ordinary, and against small raw
+asyncio servers where the test needs the server to misbehave on cue: close an idle connection
+just as a request arrives, never answer, answer garbage, or stream more than the client buffers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import orjson
+import pytest
+
+from capture import engine_http
+from capture.engine_http import HIGH_WATER, EngineHTTP, split_url
+from capture.fake_engine import FakeEngine
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request's head and body (content-length only, which is all the client sends)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head + (await reader.readexactly(length) if length else b"")
+
+
+def ok(body: bytes, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\n" + extra + b"\r\n" + body)
+
+
+async def serve(handler: Handler) -> tuple[asyncio.Server, int, list[int]]:
+    """A raw server; `handler(reader, writer, n)` gets each connection with its number."""
+    connections: list[int] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        try:
+            await handler(reader, writer, connections[-1])
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], connections
+
+
+def test_requests_reuse_one_keep_alive_connection_to_a_real_uvicorn_engine():
+    async def run() -> None:
+        with FakeEngine() as fake:
+            host, port = split_url(fake.url)
+            pool = EngineHTTP(host, port)
+            for _ in range(5):
+                reply = await pool.request("GET", "/v1/models")
+                assert reply.status == 200
+                assert orjson.loads(await reply.read())["data"][0]["id"]
+            body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            reply = await pool.request("POST", "/v1/chat/completions", body)
+            assert reply.status == 200 and "prompt_token_ids" in orjson.loads(await reply.read())
+            assert pool.opened == 1
+            await pool.aclose()
+
+    asyncio.run(run())
+
+
+def test_an_idle_connection_older_than_the_engines_keep_alive_is_not_reused(monkeypatch):
+    monkeypatch.setattr(engine_http, "IDLE_S", 0.05)
+
+    async def run() -> None:
+        with FakeEngine() as fake:
+            pool = EngineHTTP(*split_url(fake.url))
+            await (await pool.request("GET", "/v1/models")).read()
+            await asyncio.sleep(0.1)
+            await (await pool.request("GET", "/v1/models")).read()
+            assert pool.opened == 2
+
+    asyncio.run(run())
+
+
+def test_a_request_on_a_connection_the_engine_closed_unread_is_sent_once_more():
+    """The keep-alive race: the engine closes an idle connection as the next request is sent."""
+    answered: list[bytes] = []
+
+    async def handler(reader, writer, n):
+        while True:
+            request = await read_request(reader)
+            if answered and n == 0:  # the second request on the first connection: drop it
+                return
+            answered.append(request)
+            writer.write(ok(b'{"n": %d}' % len(answered)))
+            await writer.drain()
+
+    async def run() -> None:
+        server, port, connections = await serve(handler)
+        async with server:
+            pool = EngineHTTP("127.0.0.1", port)
+            assert await (await pool.request("POST", "/x", b"{}")).read() == b'{"n": 1}'
+            assert await (await pool.request("POST", "/x", b"{}")).read() == b'{"n": 2}'
+            assert (pool.opened, len(connections), len(answered)) == (2, 2, 2)
+            await pool.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_new_connection_dropped_before_the_reply_is_an_error_not_a_resend():
+    async def handler(reader, writer, n):
+        await read_request(reader)  # read it, then hang up without a word
+
+    async def run() -> None:
+        server, port, connections = await serve(handler)
+        async with server:
+            pool = EngineHTTP("127.0.0.1", port)
+            with pytest.raises(ConnectionError):
+                await pool.request("POST", "/x", b"{}")
+            assert len(connections) == 1
+
+    asyncio.run(run())
+
+
+def test_a_reply_delimited_by_closing_the_connection_is_read_whole_and_not_reused():
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the end")
+
+    async def run() -> None:
+        server, port, _ = await serve(handler)
+        async with server:
+            pool = EngineHTTP("127.0.0.1", port)
+            for _ in range(2):
+                assert await (await pool.request("GET", "/x")).read() == b"until the end"
+            assert pool.opened == 2
+
+    asyncio.run(run())
+
+
+def test_a_chunked_stream_is_passed_on_as_it_arrives():
+    gate = asyncio.Event()
+
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await gate.wait()  # the client must have the first chunk before the second is sent
+        writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
+        await writer.drain()
+        await read_request(reader)  # kept alive: a second request on the same connection
+        writer.write(ok(b"again"))
+        await writer.drain()
+
+    async def run() -> None:
+        server, port, _ = await serve(handler)
+        async with server:
+            pool = EngineHTTP("127.0.0.1", port)
+            reply = await pool.request("POST", "/x", b"{}")
+            pieces = []
+            async for piece in reply.iter_any():
+                pieces.append(piece)
+                gate.set()
+            assert pieces == [b"first", b"second"]
+            assert await (await pool.request("POST", "/x", b"{}")).read() == b"again"
+            assert pool.opened == 1
+
+    asyncio.run(run())
+
+
+def test_a_slow_consumer_pauses_the_socket_instead_of_buffering_the_stream():
+    size = 16 * HIGH_WATER
+
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        for _ in range(size // 65536):
+            writer.write(b"x" * 65536)
+            await writer.drain()
+
+    async def run() -> None:
+        server, port, _ = await serve(handler)
+        async with server:
+            pool = EngineHTTP("127.0.0.1", port)
+            reply = await pool.request("GET", "/x")
+            largest = total = 0
+            async for piece in reply.iter_any():
+                largest = max(largest, len(piece))
+                total += len(piece)
+                await asyncio.sleep(0.002)  # slower than loopback
+            assert total == size
+            # what piled up between two reads stayed near the high-water mark
+            assert largest <= HIGH_WATER + 1024 * 1024
+
+    asyncio.run(run())
+
+
+def test_an_engine_that_never_answers_times_out():
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        await reader.read()  # silent until the client gives up and hangs up
+
+    async def run() -> None:
+        server, port, _ = await serve(handler)
+        async with server:
+            pool = EngineHTTP("127.0.0.1", port, read_timeout_s=0.2)
+            with pytest.raises(TimeoutError):
+                await pool.request("GET", "/x")
+
+    asyncio.run(run())
+
+
+def test_a_stream_that_goes_quiet_after_its_headers_times_out():
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+        await writer.drain()
+        await reader.read()  # silent until the client gives up and hangs up
+
+    async def run() -> None:
+        server, port, _ = await serve(handler)
+        async with server:
+            pool = EngineHTTP("127.0.0.1", port, read_timeout_s=0.2)
+            reply = await pool.request("GET", "/x")
+            pieces = []
+            with pytest.raises(TimeoutError):
+                async for piece in reply.iter_any():
+                    pieces.append(piece)
+            assert pieces == [b"hi"]
+
+    asyncio.run(run())
+
+
+def test_garbage_instead_of_http_is_a_connection_error():
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"SMTP ready\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async def run() -> None:
+        server, port, _ = await serve(handler)
+        async with server:
+            pool = EngineHTTP("127.0.0.1", port)
+            with pytest.raises(ConnectionResetError, match="invalid HTTP"):
+                await pool.request("GET", "/x")
+
+    asyncio.run(run())
+
+
+def test_a_refused_connection_raises_at_once():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def run() -> None:
+        pool = EngineHTTP("127.0.0.1", port)
+        with pytest.raises(ConnectionRefusedError):
+            await pool.request("GET", "/x")
+
+    asyncio.run(run())
+
+
+def test_a_stream_left_early_closes_its_connection_and_frees_its_slot():
+    async def handler(reader, writer, n):
+        with contextlib.suppress(ConnectionError):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+            await writer.drain()
+            await read_request(reader)  # the left connection never carries another request
+            raise AssertionError("a connection with an unfinished reply was reused")
+
+    async def run() -> None:
+        server, port, connections = await serve(handler)
+        async with server:
+            pool = EngineHTTP("127.0.0.1", port, max_connections=1)
+            for _ in range(3):  # one slot: each request needs the last one's slot back
+                reply = await pool.request("GET", "/x")
+                async for _piece in reply.iter_any():
+                    break
+                reply.release()
+            assert len(connections) == 3
+
+    asyncio.run(run())
+
+
+def test_an_engine_url_the_client_cannot_speak_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="plain http"):
+        split_url("https://engine:8000")
+    assert split_url("http://[::1]:8000") == ("::1", 8000)
