@@ -314,6 +314,14 @@ async def long_session(target: Target, direct: Target, relay: Target, turns: int
               f"JSON; another session's calls meanwhile: worst {1000 * max(probe_latencies):.1f}"
               f" ms (vs {1000 * statistics.median(baseline):.1f} ms p50 idle), "
               f"{len(probe_latencies)} calls served during the export")
+        # the same export with no other session calling: its own cost, client read included
+        cpu_before, started = cpu_seconds(target.pid), time.perf_counter()
+        async with http.get(f"{target.url}/admin/sessions/{long_id}/trace",
+                            headers=admin) as reply:
+            await reply.read()
+        print(f"  export again with no other session calling: "
+              f"{1000 * (time.perf_counter() - started):.0f} ms, proxy CPU "
+              f"{1000 * (cpu_seconds(target.pid) - cpu_before):.0f} ms")
 
 
 async def ttfb(targets: list[Target]) -> None:
