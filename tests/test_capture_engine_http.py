@@ -55,6 +55,18 @@ async def serve(handler: Handler) -> tuple[asyncio.Server, int, list[int]]:
     return server, server.sockets[0].getsockname()[1], connections
 
 
+def against(handler: Handler,
+            client: Callable[[int, list[int]], Awaitable[None]]) -> None:
+    """Run `client(port, connections)` against a raw server running `handler`."""
+
+    async def run() -> None:
+        server, port, connections = await serve(handler)
+        async with server:
+            await client(port, connections)
+
+    asyncio.run(run())
+
+
 def test_requests_reuse_one_keep_alive_connection_to_a_real_uvicorn_engine():
     async def run() -> None:
         with FakeEngine() as fake:
@@ -100,31 +112,27 @@ def test_a_request_on_a_connection_the_engine_closed_unread_is_sent_once_more():
             writer.write(ok(b'{"n": %d}' % len(answered)))
             await writer.drain()
 
-    async def run() -> None:
-        server, port, connections = await serve(handler)
-        async with server:
-            pool = EngineHTTP("127.0.0.1", port)
-            assert await (await pool.request("POST", "/x", b"{}")).read() == b'{"n": 1}'
-            assert await (await pool.request("POST", "/x", b"{}")).read() == b'{"n": 2}'
-            assert (pool.opened, len(connections), len(answered)) == (2, 2, 2)
-            await pool.aclose()
+    async def client(port: int, connections: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port)
+        assert await (await pool.request("POST", "/x", b"{}")).read() == b'{"n": 1}'
+        assert await (await pool.request("POST", "/x", b"{}")).read() == b'{"n": 2}'
+        assert (pool.opened, len(connections), len(answered)) == (2, 2, 2)
+        await pool.aclose()
 
-    asyncio.run(run())
+    against(handler, client)
 
 
 def test_a_new_connection_dropped_before_the_reply_is_an_error_not_a_resend():
     async def handler(reader, writer, n):
         await read_request(reader)  # read it, then hang up without a word
 
-    async def run() -> None:
-        server, port, connections = await serve(handler)
-        async with server:
-            pool = EngineHTTP("127.0.0.1", port)
-            with pytest.raises(ConnectionError):
-                await pool.request("POST", "/x", b"{}")
-            assert len(connections) == 1
+    async def client(port: int, connections: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port)
+        with pytest.raises(ConnectionError):
+            await pool.request("POST", "/x", b"{}")
+        assert len(connections) == 1
 
-    asyncio.run(run())
+    against(handler, client)
 
 
 def test_a_reply_delimited_by_closing_the_connection_is_read_whole_and_not_reused():
@@ -132,15 +140,13 @@ def test_a_reply_delimited_by_closing_the_connection_is_read_whole_and_not_reuse
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the end")
 
-    async def run() -> None:
-        server, port, _ = await serve(handler)
-        async with server:
-            pool = EngineHTTP("127.0.0.1", port)
-            for _ in range(2):
-                assert await (await pool.request("GET", "/x")).read() == b"until the end"
-            assert pool.opened == 2
+    async def client(port: int, _: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port)
+        for _ in range(2):
+            assert await (await pool.request("GET", "/x")).read() == b"until the end"
+        assert pool.opened == 2
 
-    asyncio.run(run())
+    against(handler, client)
 
 
 def test_a_chunked_stream_is_passed_on_as_it_arrives():
@@ -157,20 +163,18 @@ def test_a_chunked_stream_is_passed_on_as_it_arrives():
         writer.write(ok(b"again"))
         await writer.drain()
 
-    async def run() -> None:
-        server, port, _ = await serve(handler)
-        async with server:
-            pool = EngineHTTP("127.0.0.1", port)
-            reply = await pool.request("POST", "/x", b"{}")
-            pieces = []
-            async for piece in reply.iter_any():
-                pieces.append(piece)
-                gate.set()
-            assert pieces == [b"first", b"second"]
-            assert await (await pool.request("POST", "/x", b"{}")).read() == b"again"
-            assert pool.opened == 1
+    async def client(port: int, _: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port)
+        reply = await pool.request("POST", "/x", b"{}")
+        pieces = []
+        async for piece in reply.iter_any():
+            pieces.append(piece)
+            gate.set()
+        assert pieces == [b"first", b"second"]
+        assert await (await pool.request("POST", "/x", b"{}")).read() == b"again"
+        assert pool.opened == 1
 
-    asyncio.run(run())
+    against(handler, client)
 
 
 def test_a_slow_consumer_pauses_the_socket_instead_of_buffering_the_stream():
@@ -183,21 +187,19 @@ def test_a_slow_consumer_pauses_the_socket_instead_of_buffering_the_stream():
             writer.write(b"x" * 65536)
             await writer.drain()
 
-    async def run() -> None:
-        server, port, _ = await serve(handler)
-        async with server:
-            pool = EngineHTTP("127.0.0.1", port)
-            reply = await pool.request("GET", "/x")
-            largest = total = 0
-            async for piece in reply.iter_any():
-                largest = max(largest, len(piece))
-                total += len(piece)
-                await asyncio.sleep(0.002)  # slower than loopback
-            assert total == size
-            # what piled up between two reads stayed near the high-water mark
-            assert largest <= HIGH_WATER + 1024 * 1024
+    async def client(port: int, _: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port)
+        reply = await pool.request("GET", "/x")
+        largest = total = 0
+        async for piece in reply.iter_any():
+            largest = max(largest, len(piece))
+            total += len(piece)
+            await asyncio.sleep(0.002)  # slower than loopback
+        assert total == size
+        # what piled up between two reads stayed near the high-water mark
+        assert largest <= HIGH_WATER + 1024 * 1024
 
-    asyncio.run(run())
+    against(handler, client)
 
 
 def test_an_engine_that_never_answers_times_out():
@@ -205,14 +207,12 @@ def test_an_engine_that_never_answers_times_out():
         await read_request(reader)
         await reader.read()  # silent until the client gives up and hangs up
 
-    async def run() -> None:
-        server, port, _ = await serve(handler)
-        async with server:
-            pool = EngineHTTP("127.0.0.1", port, read_timeout_s=0.2)
-            with pytest.raises(TimeoutError):
-                await pool.request("GET", "/x")
+    async def client(port: int, _: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port, read_timeout_s=0.2)
+        with pytest.raises(TimeoutError):
+            await pool.request("GET", "/x")
 
-    asyncio.run(run())
+    against(handler, client)
 
 
 def test_a_stream_that_goes_quiet_after_its_headers_times_out():
@@ -222,18 +222,16 @@ def test_a_stream_that_goes_quiet_after_its_headers_times_out():
         await writer.drain()
         await reader.read()  # silent until the client gives up and hangs up
 
-    async def run() -> None:
-        server, port, _ = await serve(handler)
-        async with server:
-            pool = EngineHTTP("127.0.0.1", port, read_timeout_s=0.2)
-            reply = await pool.request("GET", "/x")
-            pieces = []
-            with pytest.raises(TimeoutError):
-                async for piece in reply.iter_any():
-                    pieces.append(piece)
-            assert pieces == [b"hi"]
+    async def client(port: int, _: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port, read_timeout_s=0.2)
+        reply = await pool.request("GET", "/x")
+        pieces = []
+        with pytest.raises(TimeoutError):
+            async for piece in reply.iter_any():
+                pieces.append(piece)
+        assert pieces == [b"hi"]
 
-    asyncio.run(run())
+    against(handler, client)
 
 
 def test_garbage_instead_of_http_is_a_connection_error():
@@ -243,14 +241,12 @@ def test_garbage_instead_of_http_is_a_connection_error():
         await writer.drain()
         await asyncio.sleep(1)
 
-    async def run() -> None:
-        server, port, _ = await serve(handler)
-        async with server:
-            pool = EngineHTTP("127.0.0.1", port)
-            with pytest.raises(ConnectionResetError, match="invalid HTTP"):
-                await pool.request("GET", "/x")
+    async def client(port: int, _: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port)
+        with pytest.raises(ConnectionResetError, match="invalid HTTP"):
+            await pool.request("GET", "/x")
 
-    asyncio.run(run())
+    against(handler, client)
 
 
 def test_a_refused_connection_raises_at_once():
@@ -277,18 +273,16 @@ def test_a_stream_left_early_closes_its_connection_and_frees_its_slot():
             await read_request(reader)  # the left connection never carries another request
             raise AssertionError("a connection with an unfinished reply was reused")
 
-    async def run() -> None:
-        server, port, connections = await serve(handler)
-        async with server:
-            pool = EngineHTTP("127.0.0.1", port, max_connections=1)
-            for _ in range(3):  # one slot: each request needs the last one's slot back
-                reply = await pool.request("GET", "/x")
-                async for _piece in reply.iter_any():
-                    break
-                reply.release()
-            assert len(connections) == 3
+    async def client(port: int, connections: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port, max_connections=1)
+        for _ in range(3):  # one slot: each request needs the last one's slot back
+            reply = await pool.request("GET", "/x")
+            async for _piece in reply.iter_any():
+                break
+            reply.release()
+        assert len(connections) == 3
 
-    asyncio.run(run())
+    against(handler, client)
 
 
 def test_an_engine_url_the_client_cannot_speak_is_refused_with_the_reason():
