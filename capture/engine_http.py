@@ -17,7 +17,8 @@ What it does own, and how:
   * Timeouts: `connect_timeout_s` to connect; `read_timeout_s` is the longest the engine may stay
     silent (a whole reply, or the next chunk of a stream).
   * Back-pressure: a streamed reply the consumer is slow to take pauses the socket at `HIGH_WATER`
-    buffered bytes and resumes when the buffer drains, so a slow agent never buffers a stream.
+    buffered bytes and resumes when the consumer takes them, so a slow agent never makes the proxy
+    buffer a stream.
   * Errors leave as OSError subclasses (ConnectionRefusedError, ConnectionResetError, ...) and
     TimeoutError; `upstream.py` maps them to the capture's error tree in one place.
 """
@@ -26,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import time
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import httptools
 
@@ -35,7 +38,6 @@ __all__ = ["EngineHTTP", "EngineReply"]
 
 IDLE_S = 4.0
 HIGH_WATER = 1 << 20  # buffered reply bytes before the socket is paused
-LOW_WATER = 1 << 18
 
 
 class EngineReply:
@@ -63,9 +65,6 @@ class EngineReply:
                 yield data
         finally:
             connection.release()
-
-    def at_eof(self) -> bool:
-        return self._connection.complete
 
     def release(self) -> None:
         """Return a finished reply's connection to the pool; close one that is not finished."""
@@ -118,7 +117,9 @@ class _Connection(asyncio.Protocol):
             else:
                 self._fail(exc or ConnectionResetError("engine closed the connection mid-reply"))
 
-    def pause_writing(self) -> None:  # requests are small; the kernel buffer takes them
+    def pause_writing(self) -> None:
+        # A request is already whole in memory; the transport keeps what the socket has not taken
+        # yet, so there is nothing upstream of it to slow down.
         pass
 
     def resume_writing(self) -> None:
@@ -227,11 +228,14 @@ class _Connection(asyncio.Protocol):
 
 
 class EngineHTTP:
-    """A pool of keep-alive connections to one engine (`http://host:port`)."""
+    """A pool of keep-alive connections to one engine; `for_url` makes one from its root URL."""
 
-    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 10.0,
+    def __init__(self, host: str, port: int, *, tls: ssl.SSLContext | None = None,
+                 prefix: str = "", connect_timeout_s: float = 10.0,
                  read_timeout_s: float = 600.0, max_connections: int = 512) -> None:
         self.host, self.port = host, port
+        self.tls = tls
+        self.prefix = prefix.rstrip("/")  # an engine behind a reverse proxy's path
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self._idle: list[_Connection] = []
@@ -239,10 +243,20 @@ class EngineHTTP:
         self._host_header = (f"[{host}]:{port}" if ":" in host else f"{host}:{port}").encode()
         self.opened = 0  # connections opened (a reused one is not counted again)
 
+    @classmethod
+    def for_url(cls, url: str, **options: float | int) -> EngineHTTP:
+        """`http(s)://host[:port][/prefix]`; https verifies the engine's certificate."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"engine URL {url!r} must be http://host[:port] or https://...")
+        tls = ssl.create_default_context() if parts.scheme == "https" else None
+        port = parts.port or (443 if tls else 80)
+        return cls(parts.hostname, port, tls=tls, prefix=parts.path, **options)  # type: ignore[arg-type]
+
     async def request(self, method: str, path: str, body: bytes | None = None,
                       content_type: bytes = b"application/json") -> EngineReply:
         """Send one request; returns once the reply's headers are in. Read or release the reply."""
-        head = b"".join([method.encode(), b" ", path.encode(), b" HTTP/1.1\r\nhost: ",
+        head = b"".join([method.encode(), b" ", (self.prefix + path).encode(), b" HTTP/1.1\r\nhost: ",
                          self._host_header, b"\r\naccept: */*\r\n"])
         if body is not None:
             head += (b"content-type: " + content_type + b"\r\ncontent-length: "
@@ -288,7 +302,7 @@ class EngineHTTP:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.connect_timeout_s):
             _, connection = await loop.create_connection(
-                lambda: _Connection(self), self.host, self.port)
+                lambda: _Connection(self), self.host, self.port, ssl=self.tls)
         self.opened += 1
         return connection
 
@@ -302,13 +316,3 @@ class EngineHTTP:
         while self._idle:
             self._idle.pop().close()
 
-
-def split_url(url: str) -> tuple[str, int]:
-    """`http://host:port` -> (host, port); refuses what this client cannot speak."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"engine URL {url!r} must be plain http://host[:port] (no TLS: the engine "
-                         "is on this machine or its private network)")
-    return parts.hostname, parts.port or 80

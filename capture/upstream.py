@@ -36,7 +36,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .engine_http import EngineHTTP, EngineReply, split_url
+from .engine_http import EngineHTTP, EngineReply
 from .errors import (
     EngineDisconnected,
     EngineHTTPError,
@@ -76,8 +76,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 class EngineClient:
     """Async client to one engine. `complete()` for whole replies, `open_stream()` for SSE.
 
-    The connection pool is created on first use, inside the proxy's event loop, and closed by the
-    app's lifespan.
+    One connection pool (`engine_http.EngineHTTP`), used from the proxy's event loop and closed by
+    the app's lifespan.
     """
 
     def __init__(
@@ -90,25 +90,18 @@ class EngineClient:
     ) -> None:
         base = engine_url.rstrip("/")
         self.engine_url = base[:-3] if base.endswith("/v1") else base
-        self._host, self._port = split_url(self.engine_url)
         self.timeout_s = timeout_s
-        self._connect_timeout_s = connect_timeout_s
-        self._max_connections = max_connections
-        self._pool: EngineHTTP | None = None
+        # read_timeout_s: the longest the engine may stay silent (whole reply, or next chunk).
+        # Made here so a URL it cannot speak fails at start-up; it binds to no loop until used.
+        self._pool = EngineHTTP.for_url(self.engine_url, connect_timeout_s=connect_timeout_s,
+                                        read_timeout_s=timeout_s, max_connections=max_connections)
         self._model: str | None = None
 
     def _http(self) -> EngineHTTP:
-        if self._pool is None:
-            # read_timeout_s: the longest the engine may stay silent (whole reply, or next chunk).
-            self._pool = EngineHTTP(self._host, self._port,
-                                    connect_timeout_s=self._connect_timeout_s,
-                                    read_timeout_s=self.timeout_s,
-                                    max_connections=self._max_connections)
         return self._pool
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            await self._pool.aclose()
+        await self._pool.aclose()
 
     async def served_model(self) -> str:
         """The engine's served model name (asked once, then cached)."""

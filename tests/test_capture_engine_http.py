@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
+import subprocess
 from collections.abc import Awaitable, Callable
 
 import orjson
 import pytest
 
 from capture import engine_http
-from capture.engine_http import HIGH_WATER, EngineHTTP, split_url
+from capture.engine_http import HIGH_WATER, EngineHTTP
 from capture.fake_engine import FakeEngine
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -70,8 +72,7 @@ def against(handler: Handler,
 def test_requests_reuse_one_keep_alive_connection_to_a_real_uvicorn_engine():
     async def run() -> None:
         with FakeEngine() as fake:
-            host, port = split_url(fake.url)
-            pool = EngineHTTP(host, port)
+            pool = EngineHTTP.for_url(fake.url)
             for _ in range(5):
                 reply = await pool.request("GET", "/v1/models")
                 assert reply.status == 200
@@ -90,7 +91,7 @@ def test_an_idle_connection_older_than_the_engines_keep_alive_is_not_reused(monk
 
     async def run() -> None:
         with FakeEngine() as fake:
-            pool = EngineHTTP(*split_url(fake.url))
+            pool = EngineHTTP.for_url(fake.url)
             await (await pool.request("GET", "/v1/models")).read()
             await asyncio.sleep(0.1)
             await (await pool.request("GET", "/v1/models")).read()
@@ -286,6 +287,45 @@ def test_a_stream_left_early_closes_its_connection_and_frees_its_slot():
 
 
 def test_an_engine_url_the_client_cannot_speak_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="plain http"):
-        split_url("https://engine:8000")
-    assert split_url("http://[::1]:8000") == ("::1", 8000)
+    with pytest.raises(ValueError, match="must be http://host"):
+        EngineHTTP.for_url("ftp://engine:8000")
+    v6 = EngineHTTP.for_url("http://[::1]:8000/behind/a/proxy/")
+    assert (v6.host, v6.port, v6.prefix, v6.tls) == ("::1", 8000, "/behind/a/proxy", None)
+    secure = EngineHTTP.for_url("https://engine.example")
+    assert secure.port == 443 and secure.tls is not None
+    assert secure.tls.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_https_with_a_verified_certificate_and_a_path_prefix(tmp_path):
+    """TLS through the same protocol: a self-signed engine the client's context trusts."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    client_tls = ssl.create_default_context(cafile=str(cert))
+    paths: list[bytes] = []
+
+    async def handler(reader, writer, n):
+        request = await read_request(reader)
+        paths.append(request.split(b" ")[1])
+        writer.write(ok(b'{"secure": true}'))
+        await writer.drain()
+        await reader.read()
+
+    async def run() -> None:
+        server = await asyncio.start_server(
+            lambda r, w: handler(r, w, 0), "127.0.0.1", 0, ssl=server_tls)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            pool = EngineHTTP("localhost", port, tls=client_tls, prefix="/engine")
+            reply = await pool.request("GET", "/v1/models")
+            assert await reply.read() == b'{"secure": true}'
+            await pool.aclose()
+            untrusting = EngineHTTP("localhost", port, tls=ssl.create_default_context())
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await untrusting.request("GET", "/v1/models")
+        assert paths == [b"/engine/v1/models"]
+
+    asyncio.run(run())

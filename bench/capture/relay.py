@@ -19,19 +19,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from capture.engine_http import EngineHTTP, split_url
+from capture.engine_http import EngineHTTP
 from capture.serving import ThreadedUvicorn
 
 
 def relay_app(engine_url: str) -> Starlette:
-    host, port = split_url(engine_url)
-    pools: dict[str, EngineHTTP] = {}
+    engine = EngineHTTP.for_url(engine_url)
 
     async def forward(request: Request) -> Response:
-        if "engine" not in pools:  # made inside the serving loop, which its semaphore binds to
-            pools["engine"] = EngineHTTP(host, port)
         body = await request.body()
-        reply = await pools["engine"].request("POST", "/v1/chat/completions", body)
+        reply = await engine.request("POST", "/v1/chat/completions", body)
         content = await reply.read()
         return Response(content, status_code=reply.status, media_type="application/json")
 
