@@ -19,7 +19,8 @@ the inserted bytes parse on their own as one or more JSON values. If the inserte
 that closed the list early and opened another, `[<items>]` would not parse; so a body the fast
 path accepts is exactly what `orjson.loads` would return for it (tests/test_capture_resent.py
 checks it against the full parse on random and hostile sequences). Anything else (an edited
-message, Claude Code moving its cache breakpoint, a new field) is parsed in full.
+message, Claude Code moving its cache breakpoint, a new field) is parsed in full. A request equal
+to a remembered one (an SDK retrying a call) is not parsed at all.
 
 Which list grew, and where it ends, is learnt, never guessed from key names: after a full parse,
 if the request is the last one with `,<items>` inserted at the first differing byte, which held
@@ -65,17 +66,22 @@ class _Seen:
 class RequestReader:
     """Per-session parser of agent request bodies; `read(raw)` returns what `loads(raw)` would."""
 
-    __slots__ = ("_seen", "appended", "parsed")
+    __slots__ = ("_seen", "appended", "parsed", "repeated")
 
     def __init__(self) -> None:
         self._seen: list[_Seen] = []
         self.appended = 0  # requests read by parsing only their appended items
+        self.repeated = 0  # requests equal to a remembered one (a retry): nothing parsed
         self.parsed = 0  # requests parsed in full
 
     def read(self, raw: bytes) -> Any:
         """The parsed body (a fresh top-level dict and list; the items may be shared with earlier
         requests, so nothing downstream may mutate them). Raises what `loads` raises."""
         for index, seen in enumerate(self._seen):
+            if len(raw) == len(seen.raw) and raw == seen.raw:  # the same call sent again
+                self.repeated += 1
+                self._remember(index, seen)
+                return _fresh(seen.body, seen.key)
             if seen.end >= 0:
                 body = _appended(seen, raw)
                 if body is not None:

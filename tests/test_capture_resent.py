@@ -97,6 +97,14 @@ def test_an_edited_history_or_a_changed_field_is_parsed_in_full_and_learnt_again
     assert reader.appended == 3
 
 
+def test_a_retried_request_is_not_parsed_again_and_the_conversation_goes_on_the_short_way():
+    reader = RequestReader()
+    bodies = [orjson.dumps(body) for body in chat_turns(4)]
+    for raw in (bodies[0], bodies[1], bodies[1], bodies[1], bodies[2], bodies[2], bodies[3]):
+        read_checked(reader, raw)
+    assert (reader.parsed, reader.repeated, reader.appended) == (2, 3, 2)
+
+
 HOSTILE_INSERTIONS = {
     "closes the list and redefines it": b',{"role":"user","content":"x"}],"messages":[{"r":3}',
     "closes the list and adds a field": b',{"role":"user","content":"x"}],"extra":[1',
