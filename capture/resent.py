@@ -11,9 +11,9 @@ proxy's largest costs and grew with the history: measured in the live proxy, the
 (and checked that with a full parse, below), it knows the offset of the `]` that closes the
 growing list (`messages`, or `input` for the Responses API). A later request that is byte for
 byte the earlier one with `,<items>` inserted before that `]` (and before any whitespace an
-indenting serialiser put ahead of it) is the earlier request with those
-items appended: only `[<items>]` is parsed and the earlier values are reused, the same objects, so
-the translation memo's compare of the resent prefix is a pointer compare too. What is checked, all
+indenting serialiser put ahead of it) is the earlier request with those items appended: only
+`[<items>]` is parsed and the earlier values are reused, the same objects, so the translation
+memo's compare of the resent prefix is a pointer compare too. What is checked, all
 in C: the bytes before the `]` are equal (one memcmp), the bytes from it to the end are equal, and
 the inserted bytes parse on their own as one or more JSON values. If the inserted bytes held a `]`
 that closed the list early and opened another, `[<items>]` would not parse; so a body the fast
