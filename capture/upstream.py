@@ -97,9 +97,6 @@ class EngineClient:
                                         read_timeout_s=timeout_s, max_connections=max_connections)
         self._model: str | None = None
 
-    def _http(self) -> EngineHTTP:
-        return self._pool
-
     async def aclose(self) -> None:
         await self._pool.aclose()
 
@@ -126,7 +123,7 @@ class EngineClient:
     async def _request(self, method: str, path: str, body: bytes | None = None,
                        split: bool = False) -> Any:
         try:
-            response = await self._http().request(method, path, body)
+            response = await self._pool.request(method, path, body)
             content = await response.read()
             status = response.status
         except OSError as exc:  # TimeoutError and the connection errors are OSErrors
@@ -141,7 +138,7 @@ class EngineClient:
         any byte reaches the agent on error."""
         body = chat if isinstance(chat, bytes) else dumps(chat)
         try:
-            response = await self._http().request("POST", "/v1/chat/completions", body)
+            response = await self._pool.request("POST", "/v1/chat/completions", body)
         except OSError as exc:  # TimeoutError and the connection errors are OSErrors
             raise _translate(exc, self.engine_url) from exc
         if response.status != 200:
