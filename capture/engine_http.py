@@ -15,7 +15,10 @@ What it does own, and how:
     dies before a single byte of the reply, the request is sent once more on a new connection:
     the engine closed it unread (a request it had read would have had an answer or an error).
   * Timeouts: `connect_timeout_s` to connect; `read_timeout_s` is the longest the engine may stay
-    silent (a whole reply, or the next chunk of a stream).
+    silent while a reply is owed (before its headers, or between two pieces of its body), not
+    counting time the socket is paused for a slow consumer. It is one timer per connection that
+    moves its own deadline when it fires, not a timer per read: `asyncio.timeout` around every
+    wait cost ~3% of the proxy's CPU per call here, for a deadline that almost never fires.
   * Back-pressure: a streamed reply the consumer is slow to take pauses the socket at `HIGH_WATER`
     buffered bytes and resumes when the consumer takes them, so a slow agent never makes the proxy
     buffer a stream.
@@ -49,9 +52,16 @@ class EngineReply:
         self.headers: dict[bytes, bytes] = {}
 
     async def read(self) -> bytes:
-        """The whole body; the connection goes back to the pool."""
-        parts = [data async for data in self.iter_any()]
-        return b"".join(parts)
+        """The whole body; the connection goes back to the pool. (A loop, not `iter_any`: every
+        async generator asyncio sees is added to and removed from a WeakSet, on every call.)"""
+        connection = self._connection
+        parts = []
+        try:
+            while (data := await connection.next_body()) is not None:
+                parts.append(data)
+        finally:
+            self.release()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def iter_any(self) -> AsyncIterator[bytes]:
         """The body in pieces, each whatever had arrived when the consumer asked. However it
@@ -64,11 +74,17 @@ class EngineReply:
                     return
                 yield data
         finally:
-            connection.release()
+            self.release()
 
     def release(self) -> None:
-        """Return a finished reply's connection to the pool; close one that is not finished."""
-        self._connection.release()
+        """Return a finished reply's connection to the pool; close one that is not finished.
+
+        Only while the connection is still this reply's: a consumer that stops iterating at the
+        reply's end leaves `iter_any` suspended, and Python finalises it whenever the generator
+        is collected, by which time the connection may be carrying another request. Releasing it
+        then would close that request's connection, or pool it twice."""
+        if self._connection.reply is self:
+            self._connection.release()
 
 
 class _Connection(asyncio.Protocol):
@@ -76,9 +92,10 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, pool: EngineHTTP) -> None:
         self._pool = pool
+        self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
-        self._reply: EngineReply | None = None
+        self.reply: EngineReply | None = None  # the request in flight, or the last one
         self._headers_done: asyncio.Future[None] | None = None
         self._body: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -87,6 +104,8 @@ class _Connection(asyncio.Protocol):
         self._error: BaseException | None = None
         self._until_eof = False
         self._keep_alive = False
+        self._silent_since = 0.0  # loop time of the request or of the last byte of its reply
+        self._watchdog: asyncio.TimerHandle | None = None
         self.complete = False
         self.closed = False
         self.got_bytes = False
@@ -102,6 +121,7 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.got_bytes = True
+        self._silent_since = self._loop.time()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -110,7 +130,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._reply is not None and not self.complete:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self.reply is not None and not self.complete:
             if self._until_eof and exc is None and self._headers_done is not None \
                     and self._headers_done.done():
                 self.on_message_complete()  # a reply delimited by the end of the connection
@@ -127,11 +150,11 @@ class _Connection(asyncio.Protocol):
 
     # --- httptools callbacks ---------------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        assert self._reply is not None
-        self._reply.headers[name.lower()] = value
+        assert self.reply is not None
+        self.reply.headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
-        reply = self._reply
+        reply = self.reply
         assert reply is not None and self._headers_done is not None
         reply.status = self._parser.get_status_code()
         headers = reply.headers
@@ -159,22 +182,43 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         if self.closed:
             raise ConnectionResetError("engine closed the connection")
-        loop = asyncio.get_running_loop()
-        self._reply = EngineReply(self)
+        loop = self._loop
+        self.reply = EngineReply(self)
         self._headers_done = loop.create_future()
+        self._silent_since = loop.time()
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(self._silent_since + self._pool.read_timeout_s,
+                                          self._watch)
         self.complete = self.got_bytes = self.released = False
         self._until_eof = self._keep_alive = False
         self._body.clear()
         self._buffered = 0
         self._error = None
-        self._transport.write(head + body if body else head)
+        # Two buffers, one write (writev): not `head + body`, a copy of the whole history's JSON.
+        self._transport.writelines((head, body) if body else (head,))
 
-    async def replied(self, timeout_s: float) -> EngineReply:
+    async def replied(self) -> EngineReply:
         """The reply, once its status and headers are in."""
-        assert self._headers_done is not None and self._reply is not None
-        async with asyncio.timeout(timeout_s):
-            await self._headers_done
-        return self._reply
+        assert self._headers_done is not None and self.reply is not None
+        await self._headers_done
+        return self.reply
+
+    def _watch(self) -> None:
+        """The read timeout: fail the reply if the engine has been silent too long, else wait
+        until it would have been. An idle connection lets its timer lapse (`send` starts one)."""
+        self._watchdog = None
+        if self.released or self.complete or self.closed:
+            return
+        loop = self._loop
+        deadline = self._silent_since + self._pool.read_timeout_s
+        if self._paused:  # the consumer is slow, not the engine
+            deadline = loop.time() + self._pool.read_timeout_s
+        elif loop.time() >= deadline:
+            self._fail(TimeoutError(
+                f"the engine sent nothing for {self._pool.read_timeout_s:g} s"))
+            self.close()
+            return
+        self._watchdog = loop.call_at(deadline, self._watch)
 
     async def next_body(self) -> bytes | None:
         """The body bytes that arrived since the last call; None once the reply is complete."""
@@ -184,10 +228,9 @@ class _Connection(asyncio.Protocol):
             if self.complete:
                 self.release()
                 return None
-            self._wake = asyncio.get_running_loop().create_future()
+            self._wake = self._loop.create_future()
             try:
-                async with asyncio.timeout(self._pool.read_timeout_s):
-                    await self._wake
+                await self._wake
             finally:
                 self._wake = None
         data = self._body.popleft() if len(self._body) == 1 else b"".join(self._body)
@@ -195,6 +238,7 @@ class _Connection(asyncio.Protocol):
         self._buffered = 0
         if self._paused and self._transport is not None:
             self._paused = False
+            self._silent_since = self._loop.time()  # owed again from now, not from the pause
             self._transport.resume_reading()
         return data
 
@@ -203,6 +247,8 @@ class _Connection(asyncio.Protocol):
             self._wake.set_result(None)
 
     def _fail(self, error: BaseException) -> None:
+        if self._error is not None:  # the first cause is the one to report
+            return
         self._error = error
         if self._headers_done is not None and not self._headers_done.done():
             self._headers_done.set_exception(error)
@@ -269,7 +315,7 @@ class EngineHTTP:
                 connection, reused = await self._open(), False
             try:
                 connection.send(head, body)
-                return await connection.replied(self.read_timeout_s)
+                return await connection.replied()
             except (ConnectionError, OSError) as exc:
                 connection.close()
                 if not reused or connection.got_bytes or isinstance(exc, TimeoutError):
@@ -281,7 +327,7 @@ class EngineHTTP:
             connection = await self._open()
             try:
                 connection.send(head, body)
-                return await connection.replied(self.read_timeout_s)
+                return await connection.replied()
             except BaseException:
                 connection.close()
                 raise

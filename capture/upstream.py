@@ -203,8 +203,11 @@ class EngineStream:
         arrived: vLLM's first chunk carries every prompt id on one line (~250 KB at 41k ids).
         """
         pending = b""
+        # Closed here, not left for Python to finalise whenever it collects the generator: that
+        # costs a task per stream, at a time nobody chose.
+        pieces = self._response.iter_any()
         try:
-            async for raw in self._response.iter_any():
+            async for raw in pieces:
                 lines = (pending + raw).split(b"\n") if pending else raw.split(b"\n")
                 pending = lines.pop()
                 batch: list[dict[str, Any]] = []
@@ -232,6 +235,8 @@ class EngineStream:
             if isinstance(translated, EngineUnreachable):  # broke after it started: a disconnect
                 translated = EngineDisconnected(f"engine stream broke: {exc!r}")
             raise translated from exc
+        finally:
+            await pieces.aclose()
         raise EngineDisconnected("engine stream ended before [DONE]: the reply is incomplete")
 
     async def aclose(self) -> None:

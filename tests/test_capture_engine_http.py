@@ -69,6 +69,29 @@ def against(handler: Handler,
     asyncio.run(run())
 
 
+def test_a_reply_finalised_late_leaves_the_next_request_on_its_connection_alone():
+    # The streaming relay stops iterating at `[DONE]` and releases the reply; the suspended
+    # iterator is finalised whenever Python collects it, by then under the next request.
+    async def run() -> None:
+        with FakeEngine() as fake:
+            pool = EngineHTTP.for_url(fake.url)
+            first = await pool.request("GET", "/v1/models")
+            pieces = first.iter_any()
+            assert b'"data"' in await anext(pieces)
+            first.release()  # finished: its connection goes back to the pool
+            fake.token_delay_s = 0.02  # the next reply streams for a while
+            body = orjson.dumps({"model": "m", "stream": True,
+                                 "messages": [{"role": "user", "content": "hi"}]})
+            second = await pool.request("POST", "/v1/chat/completions", body)
+            await pieces.aclose()  # the first reply's late release, mid-way through the second
+            assert (await second.read()).rstrip().endswith(b"data: [DONE]")
+            assert pool.opened == 1  # one connection, reused, and not closed under the second
+            assert orjson.loads(await (await pool.request("GET", "/v1/models")).read())["data"]
+            assert pool.opened == 1
+
+    asyncio.run(run())
+
+
 def test_requests_reuse_one_keep_alive_connection_to_a_real_uvicorn_engine():
     async def run() -> None:
         with FakeEngine() as fake:
