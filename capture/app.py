@@ -13,7 +13,9 @@ Admin routes (all need `Authorization: Bearer <admin_key>`):
     GET    /health                         no key; liveness only, reveals no session
 
 Agent routes live in `agent_routes`. Starlette (not FastAPI): the proxy has a dozen routes and no
-schema to publish, and every layer between the socket and the engine is per-call CPU.
+schema to publish, and every layer between the socket and the engine is per-call CPU; for the same
+reason the three model-call routes are dispatched before Starlette's middleware and router
+(`CaptureApp`, `agent_routes.agent_call_asgi`).
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .agent_routes import agent_endpoint, count_tokens, models, probe
+from .agent_routes import agent_call_asgi, agent_endpoint, count_tokens, models, probe
 from .errors import BadRequest, BadSessionKey, CaptureError, NothingTrainableError
 from .export import iter_trace_json, plan_export
 from .sessions import SessionStore
 from .upstream import JSON_ERRORS, EngineClient, loads
 
-__all__ = ["CaptureState", "create_app"]
+__all__ = ["CaptureApp", "CaptureState", "create_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +212,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     upstream_timeout_s: float = 600.0,
     public_url: str | None = None,
-) -> Starlette:
+) -> CaptureApp:
     """Build the proxy app; recovers sessions from `data_dir` if it holds any."""
     store = SessionStore(data_dir)
     recovered = store.recover()
@@ -251,6 +253,15 @@ def create_app(
         yield
         await state.engine.aclose()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = CaptureApp(routes=routes, lifespan=lifespan)
     app.state.capture = state
     return app
+
+
+class CaptureApp(Starlette):
+    """Starlette, with the model calls (the hot path) dispatched first (`agent_call_asgi`)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and await agent_call_asgi(self, scope, receive, send):
+            return
+        await super().__call__(scope, receive, send)

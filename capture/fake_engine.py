@@ -20,6 +20,7 @@ Faults (set `FakeEngine.fault`, e.g. from a test, while it serves):
     "disconnect:K"          streaming: K chunks, then the connection is dropped; non-streaming: drop
     "no_token_ids"          a 200 reply without prompt_token_ids / token_ids
     "bad_logprob_pairing"   logprob entries name the wrong token ids
+    "negative_ids"          sampled ids that are negative: ids, but not token ids
 
 It refuses to be a benchmark of anything but the proxy: it does almost no work per request.
 Run standalone: `python -m capture.fake_engine --port 8400 [--token-delay-ms 5]`.
@@ -175,6 +176,8 @@ class FakeEngine:
             return
         prompt = render(body)
         message, completion = self._reply(body)
+        if fault == "negative_ids":
+            completion = array("i", [-1 - token for token in completion])
         logprobs = [-0.25 - (token % 7) / 10 for token in completion]
         if fault == "bad_logprob_pairing":
             entries = [{"token": f"token_id:{t + 1}", "logprob": lp}

@@ -158,7 +158,9 @@ class RolloutGraph:
     def _hot_parent(self, prompt: IdText) -> tuple[Node, bytes] | None:
         """The longest hot node whose whole sequence is a prefix of `prompt` (compared as text)."""
         best: tuple[Node, bytes] | None = None
-        for node_id, whole in self._hot.items():
+        # Newest first: the usual call extends the newest leaf, and once it matches, the older hot
+        # nodes (its parent, whose text is nearly as long) rank below it and are not compared.
+        for node_id, whole in reversed(self._hot.items()):
             node = self.nodes[node_id]
             if (
                 (best is None or (node.end, -node.index) > (best[0].end, -best[0].index))

@@ -1,8 +1,12 @@
 """What one engine call produced: prompt ids, sampled ids, logprobs and the assistant message.
 
 `CallRecorder` reads a non-streaming reply whole (`add_reply`) or a stream chunk by chunk
-(`add_chunk`), never mutating what it reads (the dialect's encoder gets the same chunk next). At
-the end `result()` returns a `Capture` or raises `EngineNoTokenIds`.
+(`add_chunk`), never mutating what it reads (the dialect's encoder gets the same chunk next).
+`check()` raises `EngineNoTokenIds` if the reply has no ids at all; the route calls it before
+answering, so a misconfigured engine is an error the agent sees. `result()` returns the `Capture`
+(or raises `EngineNoTokenIds` for ids that are not token ids). A whole reply's per-token work (the
+id/logprob pairing below) is left to `result()`, which the route calls after the agent has its
+answer: it is a Python loop per sampled token, and the agent need not wait on it.
 
 Where each field comes from (vLLM 0.32 with --return-tokens-as-token-ids):
 
@@ -59,6 +63,7 @@ class CallRecorder:
         "_reasoning",
         "_tool_calls",
         "_usage",
+        "_whole",
     )
 
     def __init__(self) -> None:
@@ -71,13 +76,14 @@ class CallRecorder:
         self._tool_calls: dict[int, dict[str, Any]] = {}
         self._finish: str | None = None
         self._usage: dict[str, Any] = {}
+        self._whole: dict[str, Any] | None = None  # a whole reply's choice, tokens not yet read
 
     # --- input ----------------------------------------------------------------------------
     def add_reply(self, reply: dict[str, Any], prompt: IdText | None = None) -> None:
         """A whole reply; `prompt` is its prompt ids already cut out of the raw bytes (tokens)."""
         self._prompt = prompt if prompt is not None else reply.get("prompt_token_ids")
         choice = _first_choice(reply)
-        self._take_tokens(choice)
+        self._whole = choice  # its tokens are read in result(), after the agent is answered
         message = choice.get("message")
         if isinstance(message, dict):
             if isinstance(message.get("content"), str):
@@ -185,8 +191,22 @@ class CallRecorder:
             message["tool_calls"] = [self._tool_calls[i] for i in sorted(self._tool_calls)]
         return message
 
+    def check(self) -> None:
+        """Raise EngineNoTokenIds if the engine sent no prompt ids, or sampled tokens without
+        saying which (cheap: nothing is parsed or paired here)."""
+        prompt = self._prompt
+        if not ((isinstance(prompt, IdText) and prompt.text)
+                or (isinstance(prompt, list) and prompt)):
+            raise EngineNoTokenIds("prompt_token_ids")
+        ids = self._whole.get("token_ids") if self._whole is not None else self._ids
+        if not (isinstance(ids, list) and ids) and self._usage.get("completion_tokens"):
+            raise EngineNoTokenIds("choices[0].token_ids")
+
     def result(self) -> Capture:
         """The call's capture; raises EngineNoTokenIds if the engine sent no usable ids."""
+        if self._whole is not None:
+            choice, self._whole = self._whole, None
+            self._take_tokens(choice)
         prompt_ids = self._prompt
         if isinstance(prompt_ids, list) and prompt_ids:
             prompt_ids = IdText.from_ids(prompt_ids)

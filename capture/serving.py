@@ -67,6 +67,9 @@ class ThreadedUvicorn:
             access_log=False,
             lifespan="on",
             timeout_keep_alive=120,
+            # X-Forwarded-* from a local client would be believed by default; nothing here reads
+            # the client address, and the middleware is one more layer on every call.
+            proxy_headers=False,
             backlog=2048,
         )
         self._server = uvicorn.Server(config)

@@ -138,6 +138,24 @@ def test_a_reply_without_token_ids_is_a_failed_call_not_a_trainable_one(client, 
     assert "EngineNoTokenIds" in " ".join(caught.value.reasons)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_sampled_ids_that_are_not_token_ids_fail_the_call_after_the_agent_is_answered(
+        client, fake, stream):
+    # The id/logprob pairing of a whole reply runs after the answer is sent; the ids it then
+    # refuses must still make the call a failed one, never a trainable one.
+    info = client.create_session()
+    fake.fault = "negative_ids"
+    reply = send(info, stream=stream)
+    assert reply.status_code == 200
+    if stream:
+        assert reply.text.rstrip().endswith("data: [DONE]")
+    else:
+        assert reply.json()["choices"][0]["message"]["role"] == "assistant"
+    assert failure_causes(client, info) == {"EngineNoTokenIds": 1}
+    with pytest.raises(NothingTrainableError):
+        client.trace_json(info.session_id)
+
+
 def test_logprobs_paired_with_the_wrong_ids_are_masked_with_the_reason(client, fake):
     info = client.create_session()
     fake.fault = "bad_logprob_pairing"
