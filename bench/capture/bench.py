@@ -6,6 +6,8 @@ Not a test: it prints figures. One run measures, for the same load:
     tools, a tool call per turn and a ~1 KB tool result appended each turn), streaming and not:
     requests/s, proxy CPU per request (from /proc of the proxy process), p50/p99 latency added
     over direct, and the ratios ours/OpenEnv;
+  * one session at a time (ten sessions of 15 turns, ~7-10k ids): the latency and CPU one call
+    pays for the hop, each call paired with the same call sent direct, beside a bare relay's;
   * one 150-turn session (history grows to ~41k ids): added latency and CPU early vs late (does
     the per-call cost grow with the history?), proxy RSS growth, export time, and the worst
     latency another session sees while the export runs;
@@ -175,8 +177,18 @@ async def agent_session(http: aiohttp.ClientSession, target: Target, turns: int,
     for turn in range(turns):
         elapsed, _, message = await call(http, base, headers, messages, stream)
         latencies.append(elapsed)
-        messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
-                     {"role": "tool", "tool_call_id": f"call_{turn}", "content": TOOL_RESULT}]
+        extend(messages, message, turn)
+
+
+def extend(messages: list[dict], message: dict, turn: int) -> None:
+    """The agent's next history: its last reply and the result of the tool it called."""
+    messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
+                 {"role": "tool", "tool_call_id": f"call_{turn}", "content": TOOL_RESULT}]
+
+
+def ms(values: list[float]) -> str:
+    """The median, in milliseconds, for printing."""
+    return f"{1000 * statistics.median(values):.2f}"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -220,12 +232,61 @@ async def concurrency(targets: list[Target], turns: int) -> None:
                       f"cpu/req x{theirs['cpu_ms'] / max(ours['cpu_ms'], 1e-9):.2f} less")
 
 
+async def paired(http: aiohttp.ClientSession, direct: tuple[str, dict[str, str]],
+                 via: tuple[str, dict[str, str]], messages: list[dict], direct_first: bool
+                 ) -> tuple[float, dict]:
+    """One call sent `via` a hop and direct, back to back; returns (added latency, the reply's
+    message). Callers alternate `direct_first`: the engine parses the second of a pair's
+    identical bodies warm, and measured here that alone moves a pair's difference ~0.5 ms."""
+    if direct_first:
+        direct_s, _, _ = await call(http, *direct, messages, False)
+    via_s, _, message = await call(http, *via, messages, False)
+    if not direct_first:
+        direct_s, _, _ = await call(http, *direct, messages, False)
+    return via_s - direct_s, message
+
+
+async def single_sessions(target: Target, direct: Target, relay: Target, sessions: int,
+                          turns: int) -> None:
+    """What one session's call pays for the hop, over many calls at a ~7.5k-id history:
+    `sessions` fresh sessions of `turns` turns, one at a time, each call paired with its direct
+    twin, through `target` and through the bare relay alike."""
+    added: list[float] = []
+    floor: list[float] = []
+    cpu: list[float] = []
+    relay_cpu: list[float] = []
+    async with client(64) as http:
+        direct_base = await direct.session(http)
+        for _ in range(sessions):
+            base, relay_base = await target.session(http), await relay.session(http)
+            messages = [{"role": "system", "content": SYSTEM},
+                        {"role": "user", "content": "fix the bug"}]
+            for turn in range(turns):
+                before = cpu_seconds(relay.pid) if relay.pid else 0.0
+                extra, _ = await paired(http, direct_base, relay_base, messages, turn % 2 == 0)
+                floor.append(extra)
+                relay_cpu.append((cpu_seconds(relay.pid) - before) if relay.pid else 0.0)
+                before = cpu_seconds(target.pid)
+                extra, message = await paired(http, direct_base, base, messages, turn % 2 == 0)
+                await asyncio.sleep(0.002)  # the recording done after answering is the call's
+                cpu.append(cpu_seconds(target.pid) - before)
+                added.append(extra)
+                extend(messages, message, turn)
+
+    print(f"\n== one session at a time through {target.name}: {sessions} sessions x {turns} "
+          f"turns (~7-10k ids), each call paired with its direct twin ==")
+    print(f"  added latency p50 {ms(added)} ms (p90 {1000 * pct(added, 0.9):.2f}); the bare "
+          f"relay's {ms(floor)} ms; {len(added)} calls each")
+    print(f"  CPU per call p50: {target.name} {ms(cpu)} ms, the relay {ms(relay_cpu)} ms")
+
+
 async def long_session(target: Target, direct: Target, relay: Target, turns: int,
                        engine_pid: int) -> None:
-    """One long session, each turn sent direct, through the bare relay and through `target` back
-    to back (paired, so machine noise hits all alike), with the CPU each process spent on the
-    proxied call. The relay (uvicorn + Starlette + capture.engine_http, nothing parsed) gives the
-    floor of one more hop on the proxy's own stack, in latency and in CPU."""
+    """One long session; each turn is sent through `target` and through the bare relay, each
+    paired with the same call sent direct right before or right after it (the order alternates
+    turn by turn, so neither side of a pair always meets the engine's caches warm from the
+    other). Added latency is a pair's difference. The relay (relay.py: the proxy's stack,
+    nothing parsed) gives the floor of one more hop, in latency and in CPU. The CPU each process spent is read around its own calls."""
     print(f"\n== one {turns}-turn session through {target.name} (history grows to "
           f"~{7 + 0.227 * turns:.0f}k ids) ==")
     async with client(64) as http:
@@ -245,25 +306,23 @@ async def long_session(target: Target, direct: Target, relay: Target, turns: int
         for turn in range(turns):
             if pending is not None:
                 proxy_cpu.append(cpu_seconds(target.pid) - pending)
-            direct_s, _, _ = await call(http, *bases[0], messages, False)
+            direct_first = turn % 2 == 0
             before_relay = cpu_seconds(relay.pid) if relay.pid else 0.0
-            relay_s, _, _ = await call(http, *bases[2], messages, False)
+            relay_added, _ = await paired(http, bases[0], bases[2], messages, direct_first)
             relay_cpu.append((cpu_seconds(relay.pid) - before_relay) if relay.pid else 0.0)
-            floor.append(relay_s - direct_s)
+            floor.append(relay_added)
             pending, engine_before = cpu_seconds(target.pid), cpu_seconds(engine_pid)
-            proxied_s, _, message = await call(http, *bases[1], messages, False)
-            engine_cpu.append(cpu_seconds(engine_pid) - engine_before)
-            added.append(proxied_s - direct_s)
-            messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
-                         {"role": "tool", "tool_call_id": f"call_{turn}", "content": TOOL_RESULT}]
+            proxied_added, message = await paired(http, bases[0], bases[1], messages,
+                                                  direct_first)
+            # the engine's CPU for the proxied call and its direct twin: half is the proxied one
+            engine_cpu.append((cpu_seconds(engine_pid) - engine_before) / 2)
+            added.append(proxied_added)
+            extend(messages, message, turn)
         await asyncio.sleep(0.05)
         proxy_cpu.append(cpu_seconds(target.pid) - pending)
         cpu = cpu_seconds(target.pid) - cpu0
         rss1 = rss_mb(target.pid)
         tenth = max(1, turns // 10)
-
-        def ms(values: list[float]) -> str:
-            return f"{1000 * statistics.median(values):.2f}"
 
         print(f"  added latency p50 (all turns) {ms(added)} ms; first {tenth} turns "
               f"{ms(added[:tenth])} ms, last {tenth} turns {ms(added[-tenth:])} ms")
@@ -440,6 +499,8 @@ def main() -> None:
                 await ttfb(slow_targets)
                 return
             await concurrency(targets, turns)
+            for target in targets[1:]:
+                await single_sessions(target, direct, relay, 4 if args.quick else 10, 15)
             for target in targets[1:]:
                 await long_session(target, direct, relay, long_turns, processes[0].pid)
             await ttfb(slow_targets)

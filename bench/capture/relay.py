@@ -1,10 +1,11 @@
 """A bare relay: the floor under the capture proxy's own stack, for the benchmark.
 
 It forwards each chat request's bytes to the engine unparsed and returns the engine's reply bytes
-unparsed: no JSON, no translation, no recording, no auth. It runs on what the proxy runs on
-(uvicorn + Starlette in, `capture.engine_http` out), so whatever latency it adds over calling the
-engine directly is the cost of one more HTTP hop through that stack on this machine, which the
-capture cannot go below; the benchmark prints it beside ours.
+unparsed: no JSON, no translation, no recording, no auth. It runs on what the proxy's model calls
+run on (uvicorn, a Starlette app whose model-call route is dispatched before Starlette's routing
+as `capture.app.CaptureApp` does, `capture.engine_http` out), so whatever latency it adds over
+calling the engine directly is the cost of one more HTTP hop through that stack on this machine,
+which the capture cannot go below; the benchmark prints it beside ours.
 
     .venv/bin/python bench/capture/relay.py --engine-url http://127.0.0.1:8400 --port 8500
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,20 +25,31 @@ from capture.engine_http import EngineHTTP
 from capture.serving import ThreadedUvicorn
 
 
-def relay_app(engine_url: str) -> Starlette:
-    engine = EngineHTTP.for_url(engine_url)
+class Relay(Starlette):
+    """POST /s/{id}/v1/chat/completions is forwarded before Starlette's routing; /health is not."""
 
-    async def forward(request: Request) -> Response:
-        body = await request.body()
-        reply = await engine.request("POST", "/v1/chat/completions", body)
+    def __init__(self, engine_url: str) -> None:
+        async def health(request: Request) -> Response:
+            return Response(b"{}", media_type="application/json")
+
+        super().__init__(routes=[Route("/health", health)])
+        self.engine = EngineHTTP.for_url(engine_url)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" \
+                or not scope["path"].endswith("/v1/chat/completions"):
+            await super().__call__(scope, receive, send)
+            return
+        parts = []
+        while True:
+            message = await receive()
+            parts.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        reply = await self.engine.request("POST", "/v1/chat/completions", b"".join(parts))
         content = await reply.read()
-        return Response(content, status_code=reply.status, media_type="application/json")
-
-    async def health(request: Request) -> Response:
-        return Response(b"{}", media_type="application/json")
-
-    return Starlette(routes=[Route("/s/{session}/v1/chat/completions", forward, methods=["POST"]),
-                             Route("/health", health)])
+        response = Response(content, status_code=reply.status, media_type="application/json")
+        await response(scope, receive, send)
 
 
 def main() -> None:
@@ -44,7 +57,7 @@ def main() -> None:
     parser.add_argument("--engine-url", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    ThreadedUvicorn(relay_app(args.engine_url.rstrip("/")), port=args.port).start()
+    ThreadedUvicorn(Relay(args.engine_url.rstrip("/")), port=args.port).start()
     while True:
         time.sleep(3600)
 
