@@ -132,8 +132,8 @@ async def agent_call_asgi(app: Any, scope: dict[str, Any], receive: Any, send: A
 
     Why: every call passes through Starlette's error and exception middleware, its router (a
     regex per route until one matches) and its request/response wrappers before reaching
-    `_agent_call`, about a tenth of a millisecond per call on this machine, on the path the
-    agent waits on. This is the same handler behind the same route table's paths; what it skips
+    `_agent_call`: 0.15-0.2 ms of CPU per call on this machine (a bare relay on Starlette's
+    stack against the same relay dispatched this way), on the path the agent waits on. This is the same handler behind the same route table's paths; what it skips
     is the layering. Everything else (other methods, a trailing slash, the side routes, admin)
     goes through Starlette's routing as before.
     """
@@ -317,7 +317,8 @@ class _RelayResponse(StreamingResponse):
     Not StreamingResponse's own `__call__`: under uvicorn (ASGI 2.3, whose `send` does not fail
     when the agent has left) it runs every stream in an anyio task group to hear the disconnect.
     Here one plain task waits for it and cancels only this stream, so the engine's generation is
-    abandoned as soon as the agent leaves, at a fraction of the per-call CPU.
+    still abandoned as soon as the agent leaves; a streamed call's proxy CPU went from 2.0-2.4 ms
+    to 1.8-2.1 ms here.
     """
 
     def __init__(self, relay: _Relay) -> None:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from capture import BadSessionKey, CaptureClient, CaptureServer, NothingTrainableError
+from capture.app import create_app
 from capture.fake_engine import FakeEngine
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
@@ -283,3 +284,23 @@ def test_a_session_id_can_be_chosen_but_not_reused(client):
     client.create_session(session_id="rollout-7")
     with pytest.raises(Exception, match="already exists"):
         client.create_session(session_id="rollout-7")
+
+
+
+async def test_a_model_call_the_fast_dispatch_declines_is_served_by_the_route_table(fake):
+    # CaptureApp answers model calls before Starlette's router; one it does not take (here: a
+    # request under a root path) must reach the same handler through the route table.
+    app = create_app(fake.url, admin_key="admin")
+    transport = httpx.ASGITransport(app=app, root_path="/proxy")
+    async with httpx.AsyncClient(transport=transport, base_url="http://capture/proxy") as http:
+        created = (await http.post("/admin/sessions", json={},
+                                   headers={"authorization": "Bearer admin"})).json()
+        route = f"/s/{created['session_id']}/v1/chat/completions"
+        key = {"authorization": f"Bearer {created['secret']}"}
+        reply = await http.post(route, headers=key, json={
+            "model": "m", "messages": [SYSTEM, {"role": "user", "content": "hi"}]})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["role"] == "assistant"
+        assert app.state.capture.store.get(created["session_id"]).n_calls == 1
+        assert (await http.get(route, headers=key)).status_code == 405
+    await app.state.capture.engine.aclose()

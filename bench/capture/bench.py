@@ -15,7 +15,7 @@ Not a test: it prints figures. One run measures, for the same load:
 
 Each server runs as its own process (fake engines, our proxy, OpenEnv's), so CPU is attributed.
 
-    .venv/bin/python bench/capture/bench.py            # everything (~3-5 min on 2 cores)
+    .venv/bin/python bench/capture/bench.py            # everything (~90 s on 2 cores)
     .venv/bin/python bench/capture/bench.py --quick    # fewer turns, no OpenEnv
 """
 
@@ -286,7 +286,8 @@ async def long_session(target: Target, direct: Target, relay: Target, turns: int
     paired with the same call sent direct right before or right after it (the order alternates
     turn by turn, so neither side of a pair always meets the engine's caches warm from the
     other). Added latency is a pair's difference. The relay (relay.py: the proxy's stack,
-    nothing parsed) gives the floor of one more hop, in latency and in CPU. The CPU each process spent is read around its own calls."""
+    nothing parsed) gives the floor of one more hop, in latency and in CPU. The CPU each process
+    spent is read around its own calls."""
     print(f"\n== one {turns}-turn session through {target.name} (history grows to "
           f"~{7 + 0.227 * turns:.0f}k ids) ==")
     async with client(64) as http:
