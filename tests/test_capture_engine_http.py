@@ -226,6 +226,32 @@ def test_a_slow_consumer_pauses_the_socket_instead_of_buffering_the_stream():
     against(handler, client)
 
 
+def test_time_the_consumer_keeps_the_socket_paused_is_not_the_engine_being_silent():
+    # The read timeout is the engine's silence. A reply paused at the high-water mark because the
+    # agent reads slowly has an engine that is waiting on us: it must not time out.
+    size = 4 * HIGH_WATER
+
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        writer.write(b"x" * size)
+        await writer.drain()
+
+    async def client(port: int, _: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port, read_timeout_s=0.2)
+        reply = await pool.request("GET", "/x")
+        pieces = reply.iter_any()
+        total = len(await anext(pieces))
+        await asyncio.sleep(0.2)  # the reply fills the buffer and the socket is paused
+        assert reply._connection._paused
+        await asyncio.sleep(0.6)  # three read timeouts, paused
+        async for piece in pieces:
+            total += len(piece)
+        assert total == size
+
+    against(handler, client)
+
+
 @pytest.mark.parametrize("before_silence", [
     b"",  # never answers at all
     b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n",  # a stream goes quiet
