@@ -8,6 +8,7 @@ Run: .venv/bin/python -m pytest tests/test_capture_sessions.py -q
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -304,3 +305,57 @@ async def test_a_model_call_the_fast_dispatch_declines_is_served_by_the_route_ta
         assert app.state.capture.store.get(created["session_id"]).n_calls == 1
         assert (await http.get(route, headers=key)).status_code == 405
     await app.state.capture.engine.aclose()
+
+
+async def test_many_sessions_at_once_streamed_and_not_lose_no_call(client, fake):
+    # Agents in parallel over the proxy's pooled engine connections. A connection handed to two
+    # requests at once, or closed under one, shows here as a failed call, an error reply or a
+    # broken chain; each session must end with exactly its own calls, all ok.
+    fake.token_delay_s = 0.001  # streams overlap and interleave
+    sessions = [client.create_session() for _ in range(48)]
+
+    async def agent(http: httpx.AsyncClient, info, stream: bool) -> None:
+        messages = [SYSTEM, {"role": "user", "content": "fix the bug"}]
+        for turn in range(4):
+            reply = await http.post(
+                f"{info.base_urls['chat']}/chat/completions",
+                headers={"authorization": f"Bearer {info.secret}"},
+                json={"model": "m", "messages": messages, "tools": TOOLS, "stream": stream})
+            assert reply.status_code == 200, reply.text
+            if stream:
+                assert reply.text.rstrip().endswith("data: [DONE]"), reply.text[-300:]
+                message = streamed_message(reply.text)
+            else:
+                message = reply.json()["choices"][0]["message"]
+            messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
+                         {"role": "tool", "tool_call_id": f"call_{turn}", "content": "ok"}]
+
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        await asyncio.gather(*(agent(http, info, i % 2 == 0) for i, info in enumerate(sessions)))
+    for info in sessions:
+        stats = client.stats(info.session_id)
+        assert stats["failed"] == {}, stats
+        assert stats["graph"]["n_turns"] == 4 and stats["graph"]["n_roots"] == 1, stats["graph"]
+
+
+def streamed_message(text: str) -> dict:
+    """The assistant message an agent rebuilds from a chat completion stream."""
+    content, calls = [], {}
+    for line in text.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        for choice in json.loads(line[6:]).get("choices") or []:
+            delta = choice.get("delta") or {}
+            content.append(delta.get("content") or "")
+            for piece in delta.get("tool_calls") or []:
+                call = calls.setdefault(piece["index"], {"id": "", "type": "function",
+                                                         "function": {"name": "", "arguments": ""}})
+                call["id"] = piece.get("id") or call["id"]
+                function = piece.get("function") or {}
+                call["function"]["name"] += function.get("name") or ""
+                call["function"]["arguments"] += function.get("arguments") or ""
+    message: dict = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
