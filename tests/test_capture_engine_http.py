@@ -201,8 +201,8 @@ def test_a_chunked_stream_is_passed_on_as_it_arrives():
     against(handler, client)
 
 
-def test_a_slow_consumer_pauses_the_socket_instead_of_buffering_the_stream():
-    size = 16 * HIGH_WATER
+def big_reply(size: int) -> Handler:
+    """A server that answers `size` bytes as fast as the socket takes them."""
 
     async def handler(reader, writer, n):
         await read_request(reader)
@@ -210,6 +210,12 @@ def test_a_slow_consumer_pauses_the_socket_instead_of_buffering_the_stream():
         for _ in range(size // 65536):
             writer.write(b"x" * 65536)
             await writer.drain()
+
+    return handler
+
+
+def test_a_slow_consumer_pauses_the_socket_instead_of_buffering_the_stream():
+    size = 16 * HIGH_WATER
 
     async def client(port: int, _: list[int]) -> None:
         pool = EngineHTTP("127.0.0.1", port)
@@ -223,19 +229,13 @@ def test_a_slow_consumer_pauses_the_socket_instead_of_buffering_the_stream():
         # what piled up between two reads stayed near the high-water mark
         assert largest <= HIGH_WATER + 1024 * 1024
 
-    against(handler, client)
+    against(big_reply(size), client)
 
 
 def test_time_the_consumer_keeps_the_socket_paused_is_not_the_engine_being_silent():
     # The read timeout is the engine's silence. A reply paused at the high-water mark because the
     # agent reads slowly has an engine that is waiting on us: it must not time out.
     size = 4 * HIGH_WATER
-
-    async def handler(reader, writer, n):
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
-        writer.write(b"x" * size)
-        await writer.drain()
 
     async def client(port: int, _: list[int]) -> None:
         pool = EngineHTTP("127.0.0.1", port, read_timeout_s=0.2)
@@ -249,7 +249,7 @@ def test_time_the_consumer_keeps_the_socket_paused_is_not_the_engine_being_silen
             total += len(piece)
         assert total == size
 
-    against(handler, client)
+    against(big_reply(size), client)
 
 
 @pytest.mark.parametrize("before_silence", [
