@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--admin-key-file", type=Path, default=None,
                         help="read the admin key from this file, or write a new one there (0600)")
     parser.add_argument("--max-body-mb", type=int, default=32, help="largest agent request body")
-    parser.add_argument("--upstream-timeout-s", type=float, default=600.0)
+    parser.add_argument("--upstream-timeout-s", type=float, default=600.0,
+                        help="longest the engine may stay silent while a reply is owed, time the "
+                             "proxy waits on a slow agent not counted (default 600)")
     parser.add_argument("--public-url", default=None,
                         help="URL agents reach the proxy at, if not the one they call admin on")
     parser.add_argument("--log-level", default="INFO")
