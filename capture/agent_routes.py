@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -48,7 +49,7 @@ from .upstream import JSON_ERRORS, EngineStream, dumps, loads
 if TYPE_CHECKING:
     from .app import CaptureState
 
-__all__ = ["agent_call_asgi", "agent_endpoint", "count_tokens", "models", "probe"]
+__all__ = ["agent_call_asgi", "agent_endpoint", "count_tokens", "model_call", "models", "probe"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,34 +121,47 @@ def agent_endpoint(dialect_name: str):
     return agent_call
 
 
-# The model-call routes by what follows `/s/{id}/`: the app dispatches these before Starlette's
-# middleware and router (`agent_call_asgi`).
+# The model-call routes by what follows `/s/{id}/`: served before Starlette's middleware and
+# router (`model_call`).
 _CALL_ROUTES = {"v1/chat/completions": DIALECTS["chat"], "v1/responses": DIALECTS["responses"],
                 "v1/messages": DIALECTS["messages"]}
 
 
-async def agent_call_asgi(app: Any, scope: dict[str, Any], receive: Any, send: Any) -> bool:
-    """Serve a model call directly if `scope` is one (POST to exactly a model-call route);
-    returns False, having done nothing, for anything else.
+def model_call(app: Any, path: str) -> Callable[[Any, Any, Any], Awaitable[None]] | None:
+    """The ASGI handler of a model call at `path` (exactly `/s/{id}/v1/<model-call route>`; the
+    caller has checked the method is POST), or None for any other path.
 
-    Why: every call passes through Starlette's error and exception middleware, its router (a
-    regex per route until one matches) and its request/response wrappers before reaching
-    `_agent_call`: 0.15-0.2 ms of CPU per call on this machine (a bare relay on Starlette's
-    stack against the same relay dispatched this way), on the path the agent waits on. This is the same handler behind the same route table's paths; what it skips
-    is the layering. Everything else (other methods, a trailing slash, the side routes, admin)
-    goes through Starlette's routing as before.
+    Why not the route table: every call would pass through Starlette's error and exception
+    middleware, its router (a regex per route until one matches) and its wrappers before reaching
+    `_agent_call`, 0.15-0.2 ms of CPU per call on this machine, on the path the agent waits on.
+    The handler is the same one behind the same route table's paths; what it skips is the
+    layering. The server's fast lane (`capture.fast_lane`) asks here first; so does `CaptureApp`
+    for a model call that reaches it through uvicorn's own path.
     """
-    path: str = scope["path"]
-    if scope["method"] != "POST" or not path.startswith("/s/"):
-        return False
+    if not path.startswith("/s/"):
+        return None
     session_id, _, rest = path[3:].partition("/")
     dialect = _CALL_ROUTES.get(rest)
     if dialect is None or not session_id:
-        return False
+        return None
+    return functools.partial(_serve_call, app, session_id, dialect)
+
+
+async def _serve_call(app: Any, session_id: str, dialect: Dialect, scope: dict[str, Any],
+                      receive: Any, send: Any) -> None:
     scope["app"] = app
     scope["path_params"] = {"session_id": session_id}
     response = await _agent_call(Request(scope, receive), dialect)
     await response(scope, receive, send)
+
+
+async def agent_call_asgi(app: Any, scope: dict[str, Any], receive: Any, send: Any) -> bool:
+    """Serve a model call (POST to exactly a model-call route: `model_call`) and return True;
+    return False, having done nothing, for anything else."""
+    handler = model_call(app, scope["path"]) if scope["method"] == "POST" else None
+    if handler is None:
+        return False
+    await handler(scope, receive, send)
     return True
 
 

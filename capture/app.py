@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .agent_routes import agent_call_asgi, agent_endpoint, count_tokens, models, probe
+from .agent_routes import agent_call_asgi, agent_endpoint, count_tokens, model_call, models, probe
 from .errors import BadRequest, BadSessionKey, CaptureError, NothingTrainableError
 from .export import iter_trace_json, plan_export
 from .sessions import SessionStore
@@ -259,7 +259,12 @@ def create_app(
 
 
 class CaptureApp(Starlette):
-    """Starlette, with the model calls (the hot path) dispatched first (`agent_call_asgi`)."""
+    """Starlette, with the model calls (the hot path) dispatched first (`agent_call_asgi`), and
+    offered to the server's fast lane (`fast_lane`, `capture.fast_lane`)."""
+
+    def fast_lane(self, path: str) -> Any:
+        """The handler of a model call at `path` for the server's fast lane, or None."""
+        return model_call(self, path)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and await agent_call_asgi(self, scope, receive, send):

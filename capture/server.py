@@ -50,6 +50,7 @@ class CaptureServer:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.host = host
         self.port = port
+        self.max_body_bytes = max_body_bytes
         self.app = create_app(
             engine_url,
             admin_key=self.admin_key,
@@ -71,7 +72,8 @@ class CaptureServer:
         return self.app.state.capture
 
     def start(self, timeout_s: float = 30.0) -> CaptureServer:
-        self._runner = ThreadedUvicorn(self.app, self.host, self.port)
+        self._runner = ThreadedUvicorn(self.app, self.host, self.port,
+                                       fast_lane=(self.app.fast_lane, self.max_body_bytes))
         self.port = self._runner.start(timeout_s)
         logger.info("capture proxy serving on %s -> engine %s", self.url, self.engine_url)
         return self

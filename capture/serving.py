@@ -2,7 +2,8 @@
 
 Used by CaptureServer and by the fake engine. The socket is bound before the thread starts so the
 port (`0` = any free one) is known when `start()` returns and a bind error is raised in the caller's
-thread. uvloop and httptools are used when installed: they halve uvicorn's per-request CPU.
+thread. uvloop and httptools are used when installed: they halve uvicorn's per-request CPU. An app
+may have some of its requests served in `capture.fast_lane` (the capture proxy's model calls).
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+
+from .fast_lane import FastLaneHandler, fast_lane_protocol
 
 __all__ = ["ThreadedUvicorn", "fast_http", "fast_loop"]
 
@@ -47,8 +51,12 @@ def bind(host: str, port: int) -> socket.socket:
 class ThreadedUvicorn:
     """One uvicorn server on its own thread and event loop."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
+                 fast_lane: tuple[Callable[[str], FastLaneHandler | None], int] | None = None
+                 ) -> None:
+        """`fast_lane`: (claim, body limit) for `capture.fast_lane` (used when httptools is)."""
         self.app = app
+        self.fast_lane = fast_lane
         self.host = host
         self.port = port
         self._server: uvicorn.Server | None = None
@@ -62,7 +70,7 @@ class ThreadedUvicorn:
         config = uvicorn.Config(
             self.app,
             loop=fast_loop(),
-            http=fast_http(),
+            http=self._protocol(),
             log_level="warning",
             access_log=False,
             lifespan="on",
@@ -85,6 +93,11 @@ class ThreadedUvicorn:
                 raise TimeoutError(f"server on port {self.port} did not start in {timeout_s}s")
             time.sleep(0.01)
         return self.port
+
+    def _protocol(self) -> Any:
+        if fast_http() != "httptools" or self.fast_lane is None:
+            return fast_http()
+        return fast_lane_protocol(*self.fast_lane)
 
     def _serve(self) -> None:
         assert self._server is not None and self._socket is not None

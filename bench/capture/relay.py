@@ -2,8 +2,8 @@
 
 It forwards each chat request's bytes to the engine unparsed and returns the engine's reply bytes
 unparsed: no JSON, no translation, no recording, no auth. It runs on what the proxy's model calls
-run on (uvicorn, a Starlette app whose model-call route is dispatched before Starlette's routing
-as `capture.app.CaptureApp` does, `capture.engine_http` out), so whatever latency it adds over
+run on (uvicorn with `capture.fast_lane` serving its model-call route, a Starlette app for the
+rest, `capture.engine_http` out), so whatever latency it adds over
 calling the engine directly is the cost of one more HTTP hop through that stack on this machine,
 which the capture cannot go below; the benchmark prints it beside ours.
 
@@ -26,7 +26,8 @@ from capture.serving import ThreadedUvicorn
 
 
 class Relay(Starlette):
-    """POST /s/{id}/v1/chat/completions is forwarded before Starlette's routing; /health is not."""
+    """POST /s/{id}/v1/chat/completions is forwarded in the server's fast lane (or, reaching the
+    app, before Starlette's routing); /health is served by Starlette."""
 
     def __init__(self, engine_url: str) -> None:
         async def health(request: Request) -> Response:
@@ -35,11 +36,16 @@ class Relay(Starlette):
         super().__init__(routes=[Route("/health", health)])
         self.engine = EngineHTTP.for_url(engine_url)
 
+    def fast_lane(self, path: str) -> Any:
+        return self.forward if path.endswith("/v1/chat/completions") else None
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" \
-                or not scope["path"].endswith("/v1/chat/completions"):
+        if scope["type"] != "http" or scope["method"] != "POST" or not self.fast_lane(scope["path"]):
             await super().__call__(scope, receive, send)
             return
+        await self.forward(scope, receive, send)
+
+    async def forward(self, scope: Any, receive: Any, send: Any) -> None:
         parts = []
         while True:
             message = await receive()
@@ -57,7 +63,8 @@ def main() -> None:
     parser.add_argument("--engine-url", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    ThreadedUvicorn(Relay(args.engine_url.rstrip("/")), port=args.port).start()
+    relay = Relay(args.engine_url.rstrip("/"))
+    ThreadedUvicorn(relay, port=args.port, fast_lane=(relay.fast_lane, 32 << 20)).start()
     while True:
         time.sleep(3600)
 
