@@ -56,11 +56,22 @@ logger = logging.getLogger(__name__)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def _presented_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization")
+Headers = list[tuple[bytes, bytes]]  # an ASGI scope's: names lowercased (uvicorn does)
+
+
+def _header(headers: Headers, name: bytes) -> str | None:
+    """The first value of header `name` (as Starlette's `Headers.get` would give it)."""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _presented_key(headers: Headers) -> str | None:
+    auth = _header(headers, b"authorization")
     if auth and auth[:7].lower() == "bearer ":
         return auth[7:].strip()
-    return request.headers.get("x-api-key")
+    return _header(headers, b"x-api-key")
 
 
 def _error(dialect: Dialect, error: CaptureError | DialectError, status: int | None = None
@@ -69,25 +80,24 @@ def _error(dialect: Dialect, error: CaptureError | DialectError, status: int | N
     return JSONResponse(dialect.error_body(status, error.message), status_code=status)
 
 
-def _authorize(state: CaptureState, request: Request) -> Session:
-    session = state.store.get(request.path_params["session_id"])
-    session.check_key(_presented_key(request))
+def _authorize(state: CaptureState, session_id: str, headers: Headers) -> Session:
+    session = state.store.get(session_id)
+    session.check_key(_presented_key(headers))
     return session
 
 
-async def _read_json(state: CaptureState, request: Request,
+async def _read_json(state: CaptureState, headers: Headers, receive: Any,
                      parse: Callable[[bytes], Any] = loads) -> dict[str, Any]:
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    ctype = (_header(headers, b"content-type") or "application/json").split(";")[0].strip().lower()
     if ctype and ctype != "application/json" and not ctype.endswith("+json"):
         raise BadRequest(f"content-type must be application/json, got {ctype[:80]!r}", status=415)
     limit = state.max_body_bytes
-    declared = request.headers.get("content-length")
+    declared = _header(headers, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BadRequest(f"request body is over the proxy's {limit}-byte limit", status=413)
     chunks: list[bytes] = []
     size = 0
-    receive = request.receive  # not request.stream(): an async generator per call costs more
-    while True:
+    while True:  # not Request.stream(): an async generator per call costs more
         message = await receive()
         if message["type"] == "http.disconnect":
             raise BadRequest("the agent closed the connection before its request was whole")
@@ -115,7 +125,8 @@ def agent_endpoint(dialect_name: str):
     dialect = DIALECTS[dialect_name]
 
     async def agent_call(request: Request) -> Response:
-        return await _agent_call(request, dialect)
+        return await _agent_call(request.app.state.capture, request.path_params["session_id"],
+                                 request.scope["headers"], request.receive, dialect)
 
     agent_call.__name__ = f"agent_call_{dialect_name}"
     return agent_call
@@ -149,9 +160,7 @@ def model_call(app: Any, path: str) -> Callable[[Any, Any, Any], Awaitable[None]
 
 async def _serve_call(app: Any, session_id: str, dialect: Dialect, scope: dict[str, Any],
                       receive: Any, send: Any) -> None:
-    scope["app"] = app
-    scope["path_params"] = {"session_id": session_id}
-    response = await _agent_call(Request(scope, receive), dialect)
+    response = await _agent_call(app.state.capture, session_id, scope["headers"], receive, dialect)
     await response(scope, receive, send)
 
 
@@ -165,11 +174,11 @@ async def agent_call_asgi(app: Any, scope: dict[str, Any], receive: Any, send: A
     return True
 
 
-async def _agent_call(request: Request, dialect: Dialect) -> Response:
-    state: CaptureState = request.app.state.capture
+async def _agent_call(state: CaptureState, session_id: str, headers: Headers, receive: Any,
+                      dialect: Dialect) -> Response:
     try:
-        session = _authorize(state, request)
-        body = await _read_json(state, request, session.reader.read)
+        session = _authorize(state, session_id, headers)
+        body = await _read_json(state, headers, receive, session.reader.read)
         try:
             chat = dialect.to_chat(body, session.memo)
         except DialectError:
@@ -185,26 +194,41 @@ async def _agent_call(request: Request, dialect: Dialect) -> Response:
     return await _forward(state, session, dialect, body, chat)
 
 
-def _call_info(state: CaptureState, dialect: Dialect, body: dict[str, Any],
-               chat: dict[str, Any], enforced: dict[str, Any]) -> dict[str, Any]:
-    tools = chat.get("tools") if isinstance(chat.get("tools"), list) else []
-    messages = chat.get("messages") if isinstance(chat.get("messages"), list) else []
-    names = [
-        (t.get("function") or {}).get("name") for t in tools
-        if isinstance(t, dict) and isinstance(t.get("function"), dict)
-    ]
-    return {
-        "dialect": dialect.name,
-        "stream": bool(chat.get("stream")),
-        "model_requested": body.get("model") if isinstance(body.get("model"), str) else None,
-        "n_tools": len(tools),
-        "max_tokens_requested": enforced["max_tokens"]["requested"],
-        "hint": aux_hint(messages),
-        "sampling": enforced,
-        "weight_version_start": state.weight_version,
-        "request": {"tools": names, "tool_choice": chat.get("tool_choice")},
-        "_messages": messages,
-    }
+class _CallInfo:
+    """What is recorded about a call besides its tokens. The weight version and the clock are read
+    as the call starts; the rest is derived from the request when the call is recorded, after the
+    agent has its answer, so none of it is on the path the agent waits on."""
+
+    __slots__ = ("body", "chat", "dialect", "enforced", "started", "weight_version_start")
+
+    def __init__(self, state: CaptureState, dialect: Dialect, body: dict[str, Any],
+                 chat: dict[str, Any], enforced: dict[str, Any]) -> None:
+        self.dialect, self.body, self.chat, self.enforced = dialect, body, chat, enforced
+        self.weight_version_start = state.weight_version
+        self.started = time.perf_counter()
+
+    def build(self, state: CaptureState) -> dict[str, Any]:
+        chat, body, enforced = self.chat, self.body, self.enforced
+        tools = chat.get("tools") if isinstance(chat.get("tools"), list) else []
+        messages = chat.get("messages") if isinstance(chat.get("messages"), list) else []
+        names = [
+            (t.get("function") or {}).get("name") for t in tools
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+        ]
+        return {
+            "dialect": self.dialect.name,
+            "stream": bool(chat.get("stream")),
+            "model_requested": body.get("model") if isinstance(body.get("model"), str) else None,
+            "n_tools": len(tools),
+            "max_tokens_requested": enforced["max_tokens"]["requested"],
+            "hint": aux_hint(messages),
+            "sampling": enforced,
+            "weight_version_start": self.weight_version_start,
+            "request": {"tools": names, "tool_choice": chat.get("tool_choice")},
+            "_messages": messages,
+            "weight_version_end": state.weight_version,
+            "latency_s": round(time.perf_counter() - self.started, 6),
+        }
 
 
 async def _forward(state: CaptureState, session: Session, dialect: Dialect,
@@ -221,9 +245,8 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
     if stream:
         options = chat.get("stream_options") if isinstance(chat.get("stream_options"), dict) else {}
         chat["stream_options"] = {**options, "include_usage": True}
-    info = _call_info(state, dialect, body, chat, enforced)
+    info = _CallInfo(state, dialect, body, chat, enforced)
     call_id = session.next_call_id()
-    started = time.perf_counter()
     session.in_flight += 1
     recorder = CallRecorder()
     if not stream:
@@ -232,23 +255,23 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
             recorder.add_reply(reply, prompt)
             recorder.check()
         except UpstreamError as exc:
-            _finish_failed(state, session, call_id, exc, info, started)
+            _finish_failed(state, session, call_id, exc, info)
             return _error(dialect, exc)
         try:
             answer = dumps(dialect.from_chat(reply, body))
         except Exception as exc:  # a dialect bug must still answer in the agent's shape
-            _finish_ok(state, session, call_id, recorder, info, started)
+            _finish_ok(state, session, call_id, recorder, info)
             logger.exception("dialect %s failed on an engine reply", dialect.name)
             state.dialect_crashes += 1
             return _error(dialect, CaptureError(f"could not translate the engine reply: {exc}"))
         return _AnswerThenRecord(answer, lambda: _finish_ok(
-            state, session, call_id, recorder, info, started))
+            state, session, call_id, recorder, info))
     try:
         upstream = await state.engine.open_stream(session.engine_bodies.encode(chat))
     except UpstreamError as exc:
-        _finish_failed(state, session, call_id, exc, info, started)
+        _finish_failed(state, session, call_id, exc, info)
         return _error(dialect, exc)
-    relay = _Relay(state, session, call_id, info, started, recorder, upstream,
+    relay = _Relay(state, session, call_id, info, recorder, upstream,
                    dialect.stream_encoder(body))
     return _RelayResponse(relay)
 
@@ -278,11 +301,11 @@ class _AnswerThenRecord(Response):
 class _Relay:
     """One streaming call: engine chunks -> recorder -> encoder -> agent, recorded exactly once."""
 
-    def __init__(self, state: CaptureState, session: Session, call_id: str, info: dict[str, Any],
-                 started: float, recorder: CallRecorder, upstream: EngineStream,
+    def __init__(self, state: CaptureState, session: Session, call_id: str, info: _CallInfo,
+                 recorder: CallRecorder, upstream: EngineStream,
                  encoder: StreamEncoder) -> None:
         self.state, self.session, self.call_id, self.info = state, session, call_id, info
-        self.started, self.recorder, self.upstream, self.encoder = started, recorder, upstream, encoder
+        self.recorder, self.upstream, self.encoder = recorder, upstream, encoder
         self.recorded = False
 
     async def events(self) -> AsyncIterator[bytes]:
@@ -299,8 +322,7 @@ class _Relay:
                 self.recorder.set_prompt(self.upstream.prompt)
             self.recorder.check()
             self.recorded = True
-            _finish_ok(self.state, self.session, self.call_id, self.recorder, self.info,
-                       self.started)
+            _finish_ok(self.state, self.session, self.call_id, self.recorder, self.info)
             tail = self.encoder.finish()
             if tail:
                 yield tail
@@ -317,7 +339,7 @@ class _Relay:
     def _fail(self, exc: Exception) -> None:
         if not self.recorded:
             self.recorded = True
-            _finish_failed(self.state, self.session, self.call_id, exc, self.info, self.started)
+            _finish_failed(self.state, self.session, self.call_id, exc, self.info)
 
     async def close(self) -> None:
         """Always runs: records an abandoned call (the agent hung up) and frees the connection."""
@@ -367,11 +389,10 @@ class _RelayResponse(StreamingResponse):
 
 
 def _finish_ok(state: CaptureState, session: Session, call_id: str, recorder: CallRecorder,
-               info: dict[str, Any], started: float) -> None:
+               call: _CallInfo) -> None:
     """Record a call the agent was answered for (its recorder passed `check()`)."""
     session.in_flight -= 1
-    info["weight_version_end"] = state.weight_version
-    info["latency_s"] = round(time.perf_counter() - started, 6)
+    info = call.build(state)
     try:
         capture = recorder.result()
     except EngineNoTokenIds as exc:  # ids, but not token ids: the agent had its answer
@@ -392,10 +413,9 @@ def _finish_ok(state: CaptureState, session: Session, call_id: str, recorder: Ca
 
 
 def _finish_failed(state: CaptureState, session: Session, call_id: str, error: Exception,
-                   info: dict[str, Any], started: float) -> None:
+                   call: _CallInfo) -> None:
     session.in_flight -= 1
-    info["weight_version_end"] = state.weight_version
-    info["latency_s"] = round(time.perf_counter() - started, 6)
+    info = call.build(state)
     session.record_failed(call_id, error, info)
     logger.warning("session %s call %s failed: %s", session.session_id, call_id, error)
 
@@ -405,8 +425,8 @@ async def count_tokens(request: Request) -> Response:
     state: CaptureState = request.app.state.capture
     dialect = DIALECTS["messages"]
     try:
-        _authorize(state, request)
-        body = await _read_json(state, request)
+        _authorize(state, request.path_params["session_id"], request.scope["headers"])
+        body = await _read_json(state, request.scope["headers"], request.receive)
         answer = dialect.count_tokens(body)
     except (CaptureError, DialectError) as exc:
         return _error(dialect, exc)
@@ -422,7 +442,7 @@ async def models(request: Request) -> Response:
     state: CaptureState = request.app.state.capture
     dialect = DIALECTS["chat"]
     try:
-        _authorize(state, request)
+        _authorize(state, request.path_params["session_id"], request.scope["headers"])
         name = await state.engine.served_model()
     except CaptureError as exc:
         return _error(dialect, exc)
@@ -438,7 +458,7 @@ async def models(request: Request) -> Response:
 async def probe(request: Request) -> Response:
     state: CaptureState = request.app.state.capture
     try:
-        _authorize(state, request)
+        _authorize(state, request.path_params["session_id"], request.scope["headers"])
     except CaptureError as exc:
         return _error(DIALECTS["messages"], exc)
     if request.method == "HEAD":

@@ -119,7 +119,8 @@ def _appended(seen: _Seen, raw: bytes) -> dict[str, Any] | None:
     """`seen`'s body with the items inserted before its list's `]`, or None if `raw` is not that."""
     old, end = seen.raw, seen.end
     cut = len(raw) - (len(old) - end)  # where the `]` would be in `raw`
-    if cut <= end + 1 or raw[end] != 44 or not raw.startswith(old[:end]):  # 44: ","
+    # A memoryview prefix: startswith compares in place, no copy of the history's bytes.
+    if cut <= end + 1 or raw[end] != 44 or not raw.startswith(memoryview(old)[:end]):  # 44: ","
         return None
     if not raw.endswith(old[end:]):
         return None
