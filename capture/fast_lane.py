@@ -15,6 +15,12 @@ it over whole and a `send` that writes straight to the socket, the head and a wh
 write. Anything unusual about a request (`Expect: 100-continue`, a declared body over the limit,
 a percent-encoded path, a root path, an upgrade, a request pipelined behind another) is left to
 uvicorn's own path, which serves it exactly as before; so is every request the app does not claim.
+
+The subclass leans on attributes of uvicorn's protocol that are not its public API (read against
+uvicorn 0.54; the same since 0.40). `fast_lane_protocol` checks the installed uvicorn is in that
+range and has them, and otherwise says so in the log and returns None: the server then runs on
+uvicorn's plain protocol, slower by the figure above, never wrong. tests/test_capture_fast_lane.py
+holds the lane to HTTP/1.1's rules (keep-alive, pipelining, chunked bodies, HTTP/1.0, hang-ups).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 __all__ = ["FastLaneHandler", "fast_lane_protocol"]
@@ -221,9 +228,29 @@ class FastLaneProtocol(HttpToolsProtocol):
         super().shutdown()
 
 
-def fast_lane_protocol(claim: Callable[[str], FastLaneHandler | None],
-                       limit: int) -> type[FastLaneProtocol]:
+# uvicorn versions whose protocol internals the lane was read against, and what it uses of them.
+UVICORN_TESTED = ((0, 40), (0, 55))
+_USES = ("on_message_begin", "on_url", "on_header", "on_headers_complete", "on_body",
+         "on_message_complete", "on_response_complete", "connection_lost", "shutdown",
+         "data_received", "pause_writing", "resume_writing")
+
+
+def fast_lane_protocol(claim: Callable[[str], FastLaneHandler | None], limit: int,
+                       uvicorn_version: str | None = None) -> type[FastLaneProtocol] | None:
     """uvicorn's httptools protocol with `claim(path)`'s POSTs served in the fast lane, their
-    bodies capped at `limit` bytes (a larger declared body is left to the app's own 413)."""
+    bodies capped at `limit` bytes (a larger declared body is left to the app's own 413); None
+    (and a warning) when the installed uvicorn is not one the lane was read against."""
+    version = uvicorn_version or uvicorn.__version__
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        found = (-1, -1)
+    low, high = UVICORN_TESTED
+    missing = [name for name in _USES if not hasattr(HttpToolsProtocol, name)]
+    if not low <= found < high or missing:
+        logger.warning("capture's fast lane is off: uvicorn %s is not one it was read against "
+                       "(>=%d.%d,<%d.%d)%s; model calls take uvicorn's plain path, ~0.1 ms slower",
+                       version, *low, *high, f", it lacks {missing}" if missing else "")
+        return None
     return type("FastLaneProtocol", (FastLaneProtocol,), {
         "claim": staticmethod(claim), "limit": limit})

@@ -97,7 +97,7 @@ class ThreadedUvicorn:
     def _protocol(self) -> Any:
         if fast_http() != "httptools" or self.fast_lane is None:
             return fast_http()
-        return fast_lane_protocol(*self.fast_lane)
+        return fast_lane_protocol(*self.fast_lane) or fast_http()
 
     def _serve(self) -> None:
         assert self._server is not None and self._socket is not None

@@ -188,3 +188,12 @@ def test_the_capture_proxy_serves_its_model_calls_in_the_fast_lane():
         for path in ("/s/abc/v1/messages/count_tokens", "/s/abc/v1/models", "/admin/sessions",
                      "/s//v1/responses", "/s/abc/v1/chat/completions/"):
             assert protocol.claim(path) is None, path
+
+
+def test_an_untested_uvicorn_turns_the_lane_off_and_says_so(caplog):
+    from capture.fast_lane import fast_lane_protocol
+
+    assert fast_lane_protocol(lambda path: None, 10) is not None  # the installed one
+    with caplog.at_level("WARNING", logger="capture.fast_lane"):
+        assert fast_lane_protocol(lambda path: None, 10, uvicorn_version="1.2.0") is None
+    assert "fast lane is off: uvicorn 1.2.0" in caplog.text
