@@ -138,8 +138,9 @@ STEP="5/6 project install (editable, no deps)"
 run_logged project-editable .venv/bin/pip install --disable-pip-version-check --no-deps -e "$ROOT"
 
 # --- 6. tiny model -------------------------------------------------------------------------------
-STEP="6/6 tiny default model (built locally, cached)"
+STEP="6/6 tiny default model (built locally once, ~17 min on 2 cores; cached)"
 LOG="$LOGS/tiny-model.log"
+say "$STEP (progress: tail -f $LOG)"
 .venv/bin/python -m launchers.tiny_model >"$LOG" 2>&1
 trap - ERR
 say "ready: $(tail -n 1 "$LOG")"

@@ -3,14 +3,23 @@
 opencode (streaming chat), Claude Code (streaming messages), Codex (streaming responses) and
 mini-swe-agent (non-streaming chat) each run on the host (no sandbox) in a temp dir, with a temp
 HOME / XDG / CODEX_HOME / CLAUDE_CONFIG_DIR so no file of the host is read or written, pointed at
-a fresh capture session, under a short timeout. The tiny model writes nonsense, so the agents stop
-early (or are stopped by the timeout); what is checked is the capture:
+a fresh capture session, under a short timeout. What is checked is the capture:
 
   * the agent reached the proxy and every call it made succeeded upstream;
   * the trace validates with OpenEnv's own TrainingTrace;
   * every turn's parent is what a brute-force longest-prefix oracle says (so agent turns that
     extend each other chain, and ones the agent re-rendered differently start new roots);
+  * the agent's turns chain: the agent ran the model's tool call (or answered it with a tool
+    error), sent the history back, and the engine's rendering of that history starts with the
+    exact tokens of the earlier call's prompt and completion. This is what fails if a dialect's
+    round trip changes one byte of a tool call or of its arguments;
   * aux calls are tagged (opencode's title generator, Claude Code's probes and side calls).
+
+The tiny model answers a first turn with a `bash` tool call and a tool result with a short text
+(launchers/tiny_model_warmup.py), reliably so only with greedy decoding and on prompts of a few
+thousand tokens: so the sessions here decode greedily, and opencode and Claude Code are given a
+short system prompt and only their shell tool (their own prompts run to 10k and 17k tokens, which
+the 2-layer model garbles). Codex and mini-swe-agent run with their own prompts.
 
 Run: HARNESS_TEST_ENGINE_URL=http://127.0.0.1:8011 \
      .venv/bin/python -m pytest tests/test_capture_agents.py -q -s
@@ -31,7 +40,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.agents, pytest.mark.slow]
 
 AGENT_TIMEOUT_S = 300
 TASK = "Create a file named hello.txt containing the word hello."
-POLICY = {"temperature": 1.0, "max_tokens": 96}
+POLICY = {"temperature": 0.0, "max_tokens": 96}  # greedy: see the module docstring
+SHORT_PROMPT = ("You are a coding agent. Use the bash tool to run shell commands. Reply with a "
+                "one-line summary when the task is done.")
 
 
 def _agent(name: str) -> Path:
@@ -90,9 +101,14 @@ def check_capture(admin, info, output: str, dialect: str) -> list[dict]:
         # parents are exactly the longest token-prefix predecessors (retries excluded already)
         assert turn["metadata"]["parent_id"] == turn_parent(turn, turns[:i]), i
     agent_turns = [t for t in turns if not t["metadata"]["aux"]]
-    chained = sum(1 for t in agent_turns[1:] if t["metadata"]["parent_id"] is not None)
+    agent_ids = {t["node_id"] for t in agent_turns}
+    chained = sum(1 for t in agent_turns[1:] if t["metadata"]["parent_id"] in agent_ids)
     print(f"{dialect}: {len(turns)} turns, {len(agent_turns)} agent turns, {chained} chained, "
           f"aux {[t['metadata']['aux_reason'] for t in turns if t['metadata']['aux']]}")
+    assert chained >= 1, (
+        f"no agent turn extends an earlier one; the agent turns' finish reasons and lengths: "
+        f"{[(t['metadata']['finish_reason'], len(t['completion_token_ids'])) for t in agent_turns]}"
+        f"\n{output}")
     return turns
 
 
@@ -105,7 +121,10 @@ def test_opencode_streaming_chat_is_captured_with_its_title_call_tagged(admin, t
                                  "options": {"baseURL": info.base_urls["chat"],
                                              "apiKey": info.secret},
                                  "models": {"tiny": {"name": "tiny"}}}},
-        "agent": {"build": {"steps": 3}},
+        "agent": {"build": {"steps": 3, "prompt": SHORT_PROMPT}},
+        "tools": {name: False for name in ("edit", "glob", "grep", "read", "skill", "task",
+                                           "todowrite", "write", "webfetch", "list", "patch",
+                                           "question")},
         "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
     }
     config_path = home / ".config/opencode/opencode.json"
@@ -134,7 +153,8 @@ def test_claude_code_streaming_messages_are_captured(admin, tmp_path):
                 "CLAUDE_CODE_SUBAGENT_MODEL"):
         env[var] = "tiny"
     output = run_agent([str(binary), "-p", TASK, "--dangerously-skip-permissions",
-                        "--max-turns", "3", "--model", "tiny"], home, work, env)
+                        "--max-turns", "3", "--model", "tiny", "--system-prompt", SHORT_PROMPT,
+                        "--tools", "Bash"], home, work, env)
     turns = check_capture(admin, info, output, "messages")
     assert any(not t["metadata"]["aux"] for t in turns), "no agent turn with tools was captured"
 
