@@ -112,7 +112,10 @@ class _Call:
                 self.chunked = True
                 head.append(b"transfer-encoding: chunked\r\n")
             head.append(b"\r\n")
-            self.head = b"".join(head)
+            if self.chunked:  # a stream: its head goes now, whenever its first event comes
+                protocol.transport.write(b"".join(head))
+            else:  # a whole body follows at once: one write for both
+                self.head = b"".join(head)
             return
         if message["type"] != "http.response.body" or not self.started or self.complete:
             raise RuntimeError(f"unexpected ASGI message {message['type']!r}")

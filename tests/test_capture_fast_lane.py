@@ -24,15 +24,16 @@ LIMIT = 1024
 
 
 class LaneApp:
-    """Fast lane: POST /fast echoes `fast:<body>`, /slow does so after 50 ms, /wait waits for the
-    client to leave, /boom raises. Its own ASGI path: `asgi:<body>` for anything."""
+    """Fast lane: POST /fast echoes `fast:<body>`, /slow does so after 50 ms, /stream streams one
+    event 0.5 s after its head, /wait waits for the client to leave, /boom raises. Its own ASGI
+    path: `asgi:<body>` for anything."""
 
     def __init__(self) -> None:
         self.left = threading.Event()
 
     def fast_lane(self, path: str) -> Any:
         return {"/fast": self.fast, "/slow": self.slow, "/wait": self.wait,
-                "/boom": self.boom}.get(path)
+                "/boom": self.boom, "/stream": self.stream}.get(path)
 
     async def fast(self, scope: dict, receive: Any, send: Any, prefix: bytes = b"fast:") -> None:
         body = (await receive())["body"]
@@ -50,6 +51,14 @@ class LaneApp:
         await receive()
         assert (await receive())["type"] == "http.disconnect"
         self.left.set()
+
+    async def stream(self, scope: dict, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await asyncio.sleep(0.5)  # the engine's first token is slow to come
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def boom(self, scope: dict, receive: Any, send: Any) -> None:
         raise RuntimeError("a handler bug")
@@ -197,3 +206,17 @@ def test_an_untested_uvicorn_turns_the_lane_off_and_says_so(caplog):
     with caplog.at_level("WARNING", logger="capture.fast_lane"):
         assert fast_lane_protocol(lambda path: None, 10, uvicorn_version="1.2.0") is None
     assert "fast lane is off: uvicorn 1.2.0" in caplog.text
+
+
+def test_a_streamed_reply_sends_its_head_at_once_and_its_events_chunked(lane):
+    _, port = lane
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(post("/stream", b"x"))
+        started = time.monotonic()
+        head = sock.recv(65536)
+        assert time.monotonic() - started < 0.4, "the head waited for the first event"
+        assert head.endswith(b"\r\n\r\n") and b"transfer-encoding: chunked" in head, head
+        rest = b""
+        while not rest.endswith(b"0\r\n\r\n"):
+            rest += sock.recv(65536)
+        assert rest == b"9\r\ndata: 1\n\n\r\n0\r\n\r\n"
