@@ -14,7 +14,8 @@ Admin routes (all need `Authorization: Bearer <admin_key>`):
 
 Agent routes live in `agent_routes`. Starlette (not FastAPI): the proxy has a dozen routes and no
 schema to publish, and every layer between the socket and the engine is per-call CPU; for the same
-reason the three model-call routes are dispatched before Starlette's middleware and router
+reason the three model-call routes are served in the server's fast lane (`capture.fast_lane`,
+`CaptureApp.fast_lane`), or, when they reach the app, before Starlette's middleware and router
 (`CaptureApp`, `agent_routes.agent_call_asgi`).
 """
 
