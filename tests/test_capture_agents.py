@@ -12,7 +12,9 @@ a fresh capture session, under a short timeout. What is checked is the capture:
   * the agent's turns chain: the agent ran the model's tool call (or answered it with a tool
     error), sent the history back, and the engine's rendering of that history starts with the
     exact tokens of the earlier call's prompt and completion. This is what fails if a dialect's
-    round trip changes one byte of a tool call or of its arguments;
+    round trip changes a tool call's name or what its arguments say (checked: a translation that
+    adds a key to Claude Code's tool input breaks the chain; vLLM re-serialises the arguments
+    before templating, so their spacing does not matter);
   * aux calls are tagged (opencode's title generator, Claude Code's probes and side calls).
 
 The tiny model answers a first turn with a `bash` tool call and a tool result with a short text
@@ -20,7 +22,8 @@ The tiny model answers a first turn with a `bash` tool call and a tool result wi
 thousand tokens: so the sessions here decode greedily, and opencode and Claude Code are given a
 short system prompt and only their shell tool (their own prompts run to 10k and 17k tokens, which
 the 2-layer model garbles). Codex and mini-swe-agent run with their own prompts. A run in which
-the model's first answer is not a tool call is run again elsewhere (`until_the_model_calls_a_tool`).
+the model's first answer is not one clean tool call is run again in another directory
+(`until_the_model_calls_a_tool`).
 
 Run: HARNESS_TEST_ENGINE_URL=http://127.0.0.1:8011 \
      .venv/bin/python -m pytest tests/test_capture_agents.py -q -s
