@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from .serving import ThreadedUvicorn
+from .serving import ThreadedUvicorn, read_body
 from .upstream import dumps, loads
 
 __all__ = ["FakeEngine", "render"]
@@ -153,12 +153,7 @@ class FakeEngine:
         if scope["path"] == "/health":
             await _send_json(send, 200, {})
             return
-        raw = b""
-        while True:
-            event = await receive()
-            raw += event.get("body", b"")
-            if not event.get("more_body"):
-                break
+        raw = await read_body(receive)
         try:
             body = loads(raw)
             _check(body)

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from capture.serving import ThreadedUvicorn
+from capture.serving import ThreadedUvicorn, read_body
 
 LIMIT = 1024
 
@@ -69,13 +69,7 @@ class LaneApp:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        content = b"asgi:" + body
+        content = b"asgi:" + await read_body(receive)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-length", str(len(content)).encode())]})
         await send({"type": "http.response.body", "body": content})

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from capture.engine_http import EngineHTTP
-from capture.serving import ThreadedUvicorn
+from capture.serving import ThreadedUvicorn, read_body
 
 
 class Relay(Starlette):
@@ -46,13 +46,8 @@ class Relay(Starlette):
         await self.forward(scope, receive, send)
 
     async def forward(self, scope: Any, receive: Any, send: Any) -> None:
-        parts = []
-        while True:
-            message = await receive()
-            parts.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        reply = await self.engine.request("POST", "/v1/chat/completions", b"".join(parts))
+        body = await read_body(receive)
+        reply = await self.engine.request("POST", "/v1/chat/completions", body)
         content = await reply.read()
         response = Response(content, status_code=reply.status, media_type="application/json")
         await response(scope, receive, send)
