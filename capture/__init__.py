@@ -13,6 +13,7 @@ and exported as an `openenv.core.harness.training.TrainingTrace`.
     capture.graph / aux / export     rollout graph, aux tagging, TrainingTrace export
     capture.upstream / engine_http   the engine leg: vLLM's chat route over a small httptools client
     capture.resent                   a resent history is neither parsed nor serialised again
+    capture.early                    a resent chat call leaves for the engine before its translation
     capture.fake_engine              a fast fake vLLM for tests, fault injection and the benchmark
 
 What the room refuses: tokenizing anything (ids come from the engine), scoring anything (rewards

@@ -13,10 +13,14 @@ session's own (401, nothing recorded, body never read); content type (415); size
 recorded (ok or failed), so a rejected request never appears in a trace.
 
 Per call, one engine request: the dialect's chat body, rewritten to the session's sampling policy
-and the capture fields (upstream module docstring). Streaming replies are passed to the agent chunk
-by chunk as the engine makes them, the recorder reading each chunk first. An engine failure before
-the first byte becomes a non-streaming error in the agent's dialect (502/504, or the engine's 4xx);
-after it, the dialect's mid-stream error event. Either way the call is recorded as failed.
+and the capture fields (upstream module docstring). A chat call that is the session's last one with
+messages appended leaves for the engine right after the size check, its new messages parsed and
+translated on their own, and the full translation that follows is held to it (`capture.early`;
+if they ever disagree, that request is cancelled and the full one sent). Streaming replies are
+passed to the agent chunk by chunk as the engine makes them, the recorder reading each chunk first.
+An engine failure before the first byte becomes a non-streaming error in the agent's dialect
+(502/504, or the engine's 4xx); after it, the dialect's mid-stream error event. Either way the call
+is recorded as failed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from .aux import aux_hint
 from .dialects import DIALECTS
 from .dialects.base import Dialect, DialectError, StreamEncoder
+from .early import EarlyCall
 from .errors import (
     AgentDisconnected,
     BadRequest,
@@ -88,6 +93,11 @@ def _authorize(state: CaptureState, session_id: str, headers: Headers) -> Sessio
 
 async def _read_json(state: CaptureState, headers: Headers, receive: Any,
                      parse: Callable[[bytes], Any] = loads) -> dict[str, Any]:
+    return _parse_body(await _read_raw(state, headers, receive), parse)
+
+
+async def _read_raw(state: CaptureState, headers: Headers, receive: Any) -> bytes:
+    """The request's bytes, once its type and size are acceptable (415, 413, 400 if empty)."""
     ctype = (_header(headers, b"content-type") or "application/json").split(";")[0].strip().lower()
     if ctype and ctype != "application/json" and not ctype.endswith("+json"):
         raise BadRequest(f"content-type must be application/json, got {ctype[:80]!r}", status=415)
@@ -111,6 +121,10 @@ async def _read_json(state: CaptureState, headers: Headers, receive: Any,
     raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if not raw.strip():
         raise BadRequest("request body is empty; send a JSON object")
+    return raw
+
+
+def _parse_body(raw: bytes, parse: Callable[[bytes], Any]) -> dict[str, Any]:
     try:
         body = parse(raw)
     except JSON_ERRORS as exc:
@@ -176,9 +190,13 @@ async def agent_call_asgi(app: Any, scope: dict[str, Any], receive: Any, send: A
 
 async def _agent_call(state: CaptureState, session_id: str, headers: Headers, receive: Any,
                       dialect: Dialect) -> Response:
+    started, weight_version = time.perf_counter(), state.weight_version
+    early: EarlyCall | None = None
     try:
         session = _authorize(state, session_id, headers)
-        body = await _read_json(state, headers, receive, session.reader.read)
+        raw = await _read_raw(state, headers, receive)
+        early = _send_early(state, session, dialect, raw)
+        body = _parse_body(raw, session.reader.read)
         try:
             chat = dialect.to_chat(body, session.memo)
         except DialectError:
@@ -190,8 +208,29 @@ async def _agent_call(state: CaptureState, session_id: str, headers: Headers, re
                 f"could not translate the request: {type(exc).__name__}: {exc}"
             ) from exc
     except (CaptureError, DialectError) as exc:
+        if early is not None:
+            early.cancel()
         return _error(dialect, exc)
-    return await _forward(state, session, dialect, body, chat)
+    try:
+        return await _forward(state, session, dialect, raw, body, chat, early,
+                              (started, weight_version))
+    finally:
+        if early is not None:
+            early.cancel()  # not taken (the full path wrote another body, or failed first)
+
+
+def _send_early(state: CaptureState, session: Session, dialect: Dialect, raw: bytes
+                ) -> EarlyCall | None:
+    """The engine request of a call that extends one of the session's last chat calls, sent now,
+    before the full translation (capture.early); None for any other call."""
+    translate = dialect.message_translator()
+    ahead = session.early.body_for(raw, translate) if translate is not None else None
+    if ahead is None:
+        return None
+    body, stream = ahead
+    session.early.sent += 1
+    engine = state.engine
+    return EarlyCall(body, stream, engine.open_stream(body) if stream else engine.complete(body))
 
 
 class _CallInfo:
@@ -201,11 +240,10 @@ class _CallInfo:
 
     __slots__ = ("body", "chat", "dialect", "enforced", "started", "weight_version_start")
 
-    def __init__(self, state: CaptureState, dialect: Dialect, body: dict[str, Any],
-                 chat: dict[str, Any], enforced: dict[str, Any]) -> None:
+    def __init__(self, dialect: Dialect, body: dict[str, Any], chat: dict[str, Any],
+                 enforced: dict[str, Any], start: tuple[float, int]) -> None:
         self.dialect, self.body, self.chat, self.enforced = dialect, body, chat, enforced
-        self.weight_version_start = state.weight_version
-        self.started = time.perf_counter()
+        self.started, self.weight_version_start = start
 
     def build(self, state: CaptureState) -> dict[str, Any]:
         chat, body, enforced = self.chat, self.body, self.enforced
@@ -231,8 +269,10 @@ class _CallInfo:
         }
 
 
-async def _forward(state: CaptureState, session: Session, dialect: Dialect,
-                   body: dict[str, Any], chat: dict[str, Any]) -> Response:
+async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw: bytes,
+                   body: dict[str, Any], chat: dict[str, Any], early: EarlyCall | None,
+                   start: tuple[float, int]) -> Response:
+    """`start`: the clock and the engine's weight version when the call arrived."""
     enforced = session.policy.enforce(chat)
     chat["logprobs"] = True
     chat["top_logprobs"] = 0
@@ -245,13 +285,17 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
     if stream:
         options = chat.get("stream_options") if isinstance(chat.get("stream_options"), dict) else {}
         chat["stream_options"] = {**options, "include_usage": True}
-    info = _CallInfo(state, dialect, body, chat, enforced)
+    info = _CallInfo(dialect, body, chat, enforced, start)
     call_id = session.next_call_id()
     session.in_flight += 1
     recorder = CallRecorder()
+    engine_body = session.engine_bodies.encode(chat)
+    if dialect.message_translator() is not None:
+        session.early.remember(raw, session.reader.growing(raw), engine_body, stream)
+    sent = _take_early(session, early, engine_body, stream)
     if not stream:
         try:
-            reply, prompt = await state.engine.complete(session.engine_bodies.encode(chat))
+            reply, prompt = await (sent or state.engine.complete(engine_body))
             recorder.add_reply(reply, prompt)
             recorder.check()
         except UpstreamError as exc:
@@ -267,7 +311,7 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
         return _AnswerThenRecord(answer, lambda: _finish_ok(
             state, session, call_id, recorder, info))
     try:
-        upstream = await state.engine.open_stream(session.engine_bodies.encode(chat))
+        upstream = await (sent or state.engine.open_stream(engine_body))
     except UpstreamError as exc:
         _finish_failed(state, session, call_id, exc, info)
         return _error(dialect, exc)
@@ -276,24 +320,43 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect,
     return _RelayResponse(relay)
 
 
+def _take_early(session: Session, early: EarlyCall | None, engine_body: bytes, stream: bool
+                ) -> asyncio.Task[Any] | None:
+    """The early request's task when it sent exactly `engine_body`; otherwise it is cancelled,
+    counted and logged (the caller sends `engine_body` itself), or there was none: None."""
+    if early is None:
+        return None
+    sent = early.take(engine_body, stream)
+    if sent is None:
+        session.early.mismatched += 1
+        logger.warning("session %s: the engine body sent ahead was not the full translation's; "
+                       "it was cancelled and the call sent again", session.session_id)
+    return sent
+
+
 class _AnswerThenRecord(Response):
-    """A whole reply: sent to the agent first, then recorded, so the agent never waits on the
+    """A whole JSON reply: sent to the agent first, then recorded, so the agent never waits on the
     graph and the log.
 
     The order stays causal: uvicorn's `send` waits for a paused socket *before* writing and never
     after, so nothing runs between the last byte leaving and `record()`; the agent's next call,
     which needs this reply, is handled only after it. `record` runs even if the agent hung up.
+
+    Its head is written here, not by Response's constructor (which renders and inspects the
+    content and headers generically): this is every whole model call's answer.
     """
 
-    media_type = "application/json"
-
     def __init__(self, content: bytes, record: Callable[[], None]) -> None:
-        super().__init__(content)
+        self.status_code, self.background, self.body = 200, None, content
+        self.raw_headers = [(b"content-length", b"%d" % len(content)),
+                            (b"content-type", b"application/json")]
         self._record = record
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.body})
         finally:
             self._record()
 

@@ -171,6 +171,9 @@ async def session_stats(request: Request) -> Response:
             "failures": session.failed[-20:],
             "token_bytes": stored_bytes,
             "torn_log_lines": session.torn_log_lines,
+            # calls sent to the engine ahead of their full translation, and of those, the ones
+            # whose translation disagreed and were sent again (capture/early.py; expected 0)
+            "early": {"sent": session.early.sent, "mismatched": session.early.mismatched},
             "sampling": session.policy.as_dict(),
             "metadata": session.metadata,
         }

@@ -22,6 +22,9 @@ What it does own, and how:
   * Back-pressure: a streamed reply the consumer is slow to take pauses the socket at `HIGH_WATER`
     buffered bytes and resumes when the consumer takes them, so a slow agent never makes the proxy
     buffer a stream.
+  * A reply read whole (`request(..., whole=True)`, every non-streamed call) wakes its caller once,
+    when it is complete: an engine on uvicorn writes a reply's head and body apart, and waking at
+    the head to wait again for the body cost a loop turn and a task step per call.
   * Errors leave as OSError subclasses (ConnectionRefusedError, ConnectionResetError, ...) and
     TimeoutError; `upstream.py` maps them to the capture's error tree in one place.
 """
@@ -96,7 +99,9 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.reply: EngineReply | None = None  # the request in flight, or the last one
-        self._headers_done: asyncio.Future[None] | None = None
+        self._ready: asyncio.Future[None] | None = None  # what `replied` waits for
+        self._whole = False  # the request's caller waits for the whole reply, not its headers
+        self._headers_in = False
         self._body: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._paused = False
@@ -134,8 +139,7 @@ class _Connection(asyncio.Protocol):
             self._watchdog.cancel()
             self._watchdog = None
         if self.reply is not None and not self.complete:
-            if self._until_eof and exc is None and self._headers_done is not None \
-                    and self._headers_done.done():
+            if self._until_eof and exc is None and self._headers_in:
                 self.on_message_complete()  # a reply delimited by the end of the connection
             else:
                 self._fail(exc or ConnectionResetError("engine closed the connection mid-reply"))
@@ -155,18 +159,21 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         reply = self.reply
-        assert reply is not None and self._headers_done is not None
+        assert reply is not None and self._ready is not None
         reply.status = self._parser.get_status_code()
         headers = reply.headers
         self._until_eof = (b"content-length" not in headers
                            and b"chunked" not in headers.get(b"transfer-encoding", b"").lower())
-        if not self._headers_done.done():
-            self._headers_done.set_result(None)
+        self._headers_in = True
+        if not self._whole and not self._ready.done():
+            self._ready.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
         self._buffered += len(body)
-        if self._buffered > HIGH_WATER and not self._paused and self._transport is not None:
+        # A whole reply is kept in memory anyway, and nobody takes from it until it is complete.
+        if (self._buffered > HIGH_WATER and not self._whole and not self._paused
+                and self._transport is not None):
             self._paused = True
             self._transport.pause_reading()
         self._wakeup()
@@ -175,16 +182,19 @@ class _Connection(asyncio.Protocol):
         # Asked here: once the callback returns, llhttp resets its flags for the next message.
         self._keep_alive = self._parser.should_keep_alive()
         self.complete = True
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
         self._wakeup()
 
     # --- the request ---------------------------------------------------------------------------
-    def send(self, head: bytes, body: bytes | None) -> None:
+    def send(self, head: bytes, body: bytes | None, whole: bool) -> None:
         assert self._transport is not None
         if self.closed:
             raise ConnectionResetError("engine closed the connection")
         loop = self._loop
         self.reply = EngineReply(self)
-        self._headers_done = loop.create_future()
+        self._ready = loop.create_future()
+        self._whole, self._headers_in = whole, False
         self._silent_since = loop.time()
         if self._watchdog is None:
             self._watchdog = loop.call_at(self._silent_since + self._pool.read_timeout_s,
@@ -198,9 +208,9 @@ class _Connection(asyncio.Protocol):
         self._transport.writelines((head, body) if body else (head,))
 
     async def replied(self) -> EngineReply:
-        """The reply, once its status and headers are in."""
-        assert self._headers_done is not None and self.reply is not None
-        await self._headers_done
+        """The reply, once its status and headers are in (or all of it, for a whole one)."""
+        assert self._ready is not None and self.reply is not None
+        await self._ready
         return self.reply
 
     def _watch(self) -> None:
@@ -250,9 +260,9 @@ class _Connection(asyncio.Protocol):
         if self._error is not None:  # the first cause is the one to report
             return
         self._error = error
-        if self._headers_done is not None and not self._headers_done.done():
-            self._headers_done.set_exception(error)
-            self._headers_done.exception()  # retrieved: a failure nobody awaited is not logged
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(error)
+            self._ready.exception()  # retrieved: a failure nobody awaited is not logged
         self._wakeup()
 
     def release(self) -> None:
@@ -300,8 +310,14 @@ class EngineHTTP:
         return cls(parts.hostname, port, tls=tls, prefix=parts.path, **options)  # type: ignore[arg-type]
 
     async def request(self, method: str, path: str, body: bytes | None = None,
-                      content_type: bytes = b"application/json") -> EngineReply:
-        """Send one request; returns once the reply's headers are in. Read or release the reply."""
+                      content_type: bytes = b"application/json", *, whole: bool = False
+                      ) -> EngineReply:
+        """Send one request; returns once the reply's headers are in, or with `whole` once all of
+        it is (its `read()` then does not wait). Read or release the reply.
+
+        `whole` is for a reply the caller reads whole anyway: its task wakes once, when the reply
+        is complete, not at the headers and again at the body (a server such as uvicorn writes
+        them apart); measured here, that second wake-up was ~0.05 ms of CPU on the call's path."""
         head = b"".join([method.encode(), b" ", (self.prefix + path).encode(), b" HTTP/1.1\r\nhost: ",
                          self._host_header, b"\r\naccept: */*\r\n"])
         if body is not None:
@@ -314,7 +330,7 @@ class EngineHTTP:
             if connection is None:
                 connection, reused = await self._open(), False
             try:
-                connection.send(head, body)
+                connection.send(head, body, whole)
                 return await connection.replied()
             except (ConnectionError, OSError) as exc:
                 connection.close()
@@ -326,7 +342,7 @@ class EngineHTTP:
             # the engine closed the reused connection without reading the request: once more
             connection = await self._open()
             try:
-                connection.send(head, body)
+                connection.send(head, body, whole)
                 return await connection.replied()
             except BaseException:
                 connection.close()

@@ -44,7 +44,7 @@ from typing import Any
 
 from .upstream import JSON_ERRORS, dumps, loads
 
-__all__ = ["EngineBodies", "RequestReader"]
+__all__ = ["EngineBodies", "RequestReader", "inserted_items"]
 
 # Conversations remembered per session, most recent first.
 KEEP = 3
@@ -101,6 +101,14 @@ class RequestReader:
         self._remember(None, _Seen(raw, body, None, -1))
         return _fresh(body, None)
 
+    def growing(self, raw: bytes) -> tuple[str, int, int] | None:
+        """For the request just read (`raw`): (the key of its growing list, where items would be
+        inserted in `raw`, how many items it holds), once learnt; else None."""
+        seen = self._seen[0] if self._seen else None
+        if seen is None or seen.raw is not raw or seen.key is None or seen.end < 0:
+            return None
+        return seen.key, seen.end, len(seen.body[seen.key])
+
     def _remember(self, replaces: int | None, seen: _Seen) -> None:
         if replaces is not None:
             self._seen.pop(replaces)  # the same conversation, one call further
@@ -115,9 +123,9 @@ def _fresh(body: dict[str, Any], key: str | None) -> dict[str, Any]:
     return out
 
 
-def _appended(seen: _Seen, raw: bytes) -> dict[str, Any] | None:
-    """`seen`'s body with the items inserted before its list's `]`, or None if `raw` is not that."""
-    old, end = seen.raw, seen.end
+def inserted_items(old: bytes, end: int, raw: bytes) -> list[Any] | None:
+    """The items `raw` inserts into `old` at `end` (as `,<items>`), parsed; None if `raw` is not
+    `old` with items inserted there. `end` must be where a list's items end in `old` (learnt)."""
     cut = len(raw) - (len(old) - end)  # where the `]` would be in `raw`
     # A memoryview prefix: startswith compares in place, no copy of the history's bytes.
     if cut <= end + 1 or raw[end] != 44 or not raw.startswith(memoryview(old)[:end]):  # 44: ","
@@ -128,7 +136,13 @@ def _appended(seen: _Seen, raw: bytes) -> dict[str, Any] | None:
         added = loads(b"[" + raw[end + 1:cut] + b"]")
     except JSON_ERRORS:
         return None
-    if not added:
+    return added or None
+
+
+def _appended(seen: _Seen, raw: bytes) -> dict[str, Any] | None:
+    """`seen`'s body with the items inserted before its list's `]`, or None if `raw` is not that."""
+    added = inserted_items(seen.raw, seen.end, raw)
+    if added is None:
         return None
     body = dict(seen.body)
     body[seen.key] = seen.body[seen.key] + added  # type: ignore[index]

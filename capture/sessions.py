@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .dialects.memo import TranslationMemo
+from .early import EarlyBodies
 from .errors import BadRequest, BadSessionKey, UnknownSession
 from .graph import Node, RolloutGraph
 from .recorder import Capture
@@ -75,6 +76,8 @@ class Session:
     # again (capture/resent.py; not persisted either).
     reader: RequestReader = field(default_factory=RequestReader)
     engine_bodies: EngineBodies = field(default_factory=EngineBodies)
+    # Engine bodies known before the full translation (capture/early.py; not persisted).
+    early: EarlyBodies = field(default_factory=EarlyBodies)
 
     def check_key(self, presented: str | None) -> None:
         if presented is None or not hmac.compare_digest(

@@ -46,7 +46,7 @@ from .errors import (
 )
 from .tokens import IdText, split_prompt_ids
 
-__all__ = ["EngineClient", "dumps", "loads"]
+__all__ = ["EngineClient", "EngineStream", "dumps", "loads"]
 
 try:  # orjson is ~5x faster on the large id arrays; json is the always-present fallback
     import orjson
@@ -123,7 +123,7 @@ class EngineClient:
     async def _request(self, method: str, path: str, body: bytes | None = None,
                        split: bool = False) -> Any:
         try:
-            response = await self._pool.request(method, path, body)
+            response = await self._pool.request(method, path, body, whole=True)
             content = await response.read()
             status = response.status
         except OSError as exc:  # TimeoutError and the connection errors are OSErrors
@@ -240,6 +240,9 @@ class EngineStream:
         raise EngineDisconnected("engine stream ended before [DONE]: the reply is incomplete")
 
     async def aclose(self) -> None:
+        self.release()
+
+    def release(self) -> None:
         # Releasing a finished stream returns the connection to the pool; an unfinished one is
         # closed (its remaining bytes are unknown).
         self._response.release()

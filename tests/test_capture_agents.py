@@ -123,8 +123,10 @@ def check_capture(admin, tokenizer, info, output: str, dialect: str) -> list[dic
     from openenv.core.harness.training import TrainingTrace
 
     stats = admin.stats(info.session_id)
-    print(f"\n{dialect}: stats {json.dumps({k: stats[k] for k in ('n_calls', 'n_ok', 'failed', 'aux', 'discarded', 'graph')})}")
+    print(f"\n{dialect}: stats {json.dumps({k: stats[k] for k in ('n_calls', 'n_ok', 'failed', 'aux', 'discarded', 'graph', 'early')})}")
     assert stats["n_ok"] > 0, f"the agent never completed a call through the proxy:\n{output}"
+    # a call sent ahead of its translation (capture/early.py) was always what the translation wrote
+    assert stats["early"]["mismatched"] == 0, stats["early"]
     assert stats["failed"] == {} or set(stats["failed"]) == {"AgentDisconnected"}, stats
     raw = admin.trace_json(info.session_id)
     trace = TrainingTrace.model_validate_json(raw)

@@ -75,6 +75,31 @@ def test_prompt_ids_are_the_engines_own_tokenization_of_the_messages(engine, adm
     assert turns(admin, info)[0]["prompt_token_ids"] == tokenized["tokens"]
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+def test_calls_sent_ahead_of_their_translation_reach_the_engine_token_for_token(
+        engine, admin, streamed):
+    """From a conversation's third call on, the proxy sends the engine request before its full
+    translation (capture/early.py). Every turn's prompt ids must still be vLLM's own tokenization
+    of the messages the agent sent, and the full translation must have agreed every time."""
+    info = admin.create_session(sampling=POLICY)
+    messages = list(MESSAGES)
+    for turn in range(5):
+        if streamed:
+            content = "".join((choice.get("delta") or {}).get("content") or ""
+                              for chunk in stream_chat(info, messages)
+                              for choice in chunk.get("choices", []))
+        else:
+            content = chat(info, messages)["choices"][0]["message"].get("content") or ""
+        messages += [{"role": "assistant", "content": content},
+                     {"role": "user", "content": f"tool output {turn}"}]
+    assert admin.stats(info.session_id)["early"] == {"sent": 3, "mismatched": 0}
+    for i, turn in enumerate(turns(admin, info)):
+        tokenized = httpx.post(f"{engine.url}/tokenize", json={
+            "model": engine.model, "messages": messages[:2 + 2 * i], "tools": TOOLS,
+            "add_generation_prompt": True}).json()
+        assert turn["prompt_token_ids"] == tokenized["tokens"], i
+
+
 def test_a_streamed_call_records_the_same_tokens_as_a_non_streamed_one(admin):
     plain, streamed = admin.create_session(sampling=POLICY), admin.create_session(sampling=POLICY)
     chat(plain, MESSAGES, seed=5)

@@ -232,6 +232,51 @@ def test_a_slow_consumer_pauses_the_socket_instead_of_buffering_the_stream():
     against(big_reply(size), client)
 
 
+def test_a_whole_reply_wakes_its_caller_once_it_is_all_in_and_is_never_paused():
+    """`whole=True`: the request returns when the reply is complete (its head written apart from
+    its body, as uvicorn does), so `read` has nothing to wait for; one larger than the high-water
+    mark is not paused, which would deadlock a caller that waits for the end."""
+    size = 4 * HIGH_WATER
+
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(b"whole")
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        writer.write(b"x" * size)
+        await writer.drain()
+
+    async def client(port: int, _: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port)
+        started = asyncio.get_running_loop().time()
+        reply = await pool.request("POST", "/x", b"{}", whole=True)
+        assert asyncio.get_running_loop().time() - started >= 0.2  # not at the head
+        assert reply._connection.complete and await reply.read() == b"whole"
+        reply = await asyncio.wait_for(pool.request("POST", "/x", b"{}", whole=True), 5)
+        assert not reply._connection._paused
+        assert len(await reply.read()) == size
+        assert pool.opened == 1
+
+    against(handler, client)
+
+
+def test_a_whole_reply_cut_short_fails_the_request_itself():
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
+        await writer.drain()
+
+    async def client(port: int, _: list[int]) -> None:
+        pool = EngineHTTP("127.0.0.1", port)
+        with pytest.raises(ConnectionResetError, match="mid-reply"):
+            await pool.request("POST", "/x", b"{}", whole=True)
+
+    against(handler, client)
+
+
 def test_time_the_consumer_keeps_the_socket_paused_is_not_the_engine_being_silent():
     # The read timeout is the engine's silence. A reply paused at the high-water mark because the
     # agent reads slowly has an engine that is waiting on us: it must not time out.

@@ -134,6 +134,17 @@ def test_requests_pipelined_behind_a_fast_call_are_answered_after_it_in_order(la
     assert bodies == [b"fast:1", b"asgi:2", b"asgi:"], reply
 
 
+def test_calls_answered_at_once_inside_the_parser_keep_pipelined_requests_in_order(lane):
+    """A handler that never waits (`/fast`) runs to its end inside the parser callback that
+    completed its request (the lane starts it eagerly); the requests behind it in the same bytes
+    are parsed after it and answered in order, each on the path it would take alone."""
+    _, port = lane
+    data = post("/fast", b"1") + post("/fast", b"2") + b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n"
+    reply = raw_exchange(port, data, b"asgi:")
+    bodies = [part.split(b"\r\n\r\n", 1)[1][:6] for part in reply.split(b"HTTP/1.1 200 OK")[1:]]
+    assert bodies == [b"fast:1", b"fast:2", b"asgi:"], reply
+
+
 def test_keep_alive_chunked_bodies_and_http_1_0(lane):
     _, port = lane
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:

@@ -47,7 +47,7 @@ class Relay(Starlette):
 
     async def forward(self, scope: Any, receive: Any, send: Any) -> None:
         body = await read_body(receive)
-        reply = await self.engine.request("POST", "/v1/chat/completions", body)
+        reply = await self.engine.request("POST", "/v1/chat/completions", body, whole=True)
         content = await reply.read()
         response = Response(content, status_code=reply.status, media_type="application/json")
         await response(scope, receive, send)

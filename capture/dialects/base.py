@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -125,6 +126,12 @@ class Dialect(ABC):
     @abstractmethod
     def error_body(self, status: int, message: str) -> dict:
         """A non-streaming error body in the dialect's own shape."""
+
+    def message_translator(self) -> Callable[[int, Any], list[Any]] | None:
+        """`translate(index, message)` -> the engine chat messages it becomes, when `to_chat`
+        translates the agent's growing list item by item into the engine's `messages` and nothing
+        else about a resent request changes (`capture.early` sends such a call ahead); else None."""
+        return None
 
     def count_tokens(self, body: dict) -> dict | None:
         """Answer for a token-count side route, or None when the dialect has none."""

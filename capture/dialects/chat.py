@@ -36,6 +36,7 @@ What changes on the way out: engine-only fields are stripped (`prompt_token_ids`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .base import (
@@ -72,19 +73,28 @@ def openai_error(status: int, message: str) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def _normalise_tool_calls(calls: Any, where: str) -> list[dict]:
-    require(calls, list, where)
-    out = []
+def _normalise_tool_calls(calls: Any, message_index: int) -> list[dict] | None:
+    """A message's tool calls checked, with object arguments written as the JSON string vLLM
+    expects; None when none needed rewriting. (Here and in `_normalise_message`, an error's path
+    is formatted only once a check has failed: these run on every new message of every call,
+    ahead of the engine.)"""
+    where = "messages[{}].tool_calls{}"
+    if not isinstance(calls, list):
+        require(calls, list, where.format(message_index, ""))
+    out = None
     for i, call in enumerate(calls):
-        require(call, dict, f"{where}[{i}]")
-        function = require(call.get("function"), dict, f"{where}[{i}].function")
-        require(function.get("name"), str, f"{where}[{i}].function.name")
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            require(call, dict, where.format(message_index, f"[{i}]"))
+            require(function, dict, where.format(message_index, f"[{i}].function"))
+            require(function.get("name"), str, where.format(message_index, f"[{i}].function.name"))
         arguments = function.get("arguments", "")
-        if isinstance(arguments, dict | list):
-            call = {**call, "function": {**function, "arguments": arguments_json(arguments)}}
-        elif not isinstance(arguments, str):
-            require(arguments, str, f"{where}[{i}].function.arguments")
-        out.append(call)
+        if isinstance(arguments, str):
+            continue
+        if not isinstance(arguments, dict | list):
+            require(arguments, str, where.format(message_index, f"[{i}].function.arguments"))
+        out = out if out is not None else list(calls)
+        out[i] = {**call, "function": {**function, "arguments": arguments_json(arguments)}}
     return out
 
 
@@ -97,10 +107,13 @@ def _normalise_messages(messages: Any, memo: TranslationMemo | None) -> list[dic
 
 def _normalise_message(i: int, message: Any) -> list[dict]:
     """One message, checked and normalised; depends on nothing but itself (memo contract)."""
-    require(message, dict, f"messages[{i}]")
-    role = require(message.get("role"), str, f"messages[{i}].role")
+    if not isinstance(message, dict):
+        require(message, dict, f"messages[{i}]")
+    role = message.get("role")
+    if not isinstance(role, str):
+        require(role, str, f"messages[{i}].role")
     content = message.get("content")
-    if content is not None:
+    if content is not None and not isinstance(content, str | list):
         require(content, (str, list), f"messages[{i}].content")
     if role == "developer":
         message = {**message, "role": "system"}
@@ -109,11 +122,15 @@ def _normalise_message(i: int, message: Any) -> list[dict]:
             f"messages[{i}].role {role!r} is not one of system, developer, user, "
             "assistant, tool"
         )
-    if role == "tool":
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
         require(message.get("tool_call_id"), str, f"messages[{i}].tool_call_id")
-    if message.get("tool_calls") is not None:
-        calls = _normalise_tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
-        message = {**message, "tool_calls": calls} if calls else _without(message, "tool_calls")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        rewritten = _normalise_tool_calls(calls, i)
+        if not calls:
+            message = _without(message, "tool_calls")
+        elif rewritten is not None:
+            message = {**message, "tool_calls": rewritten}
     return [message]
 
 
@@ -186,6 +203,10 @@ class ChatDialect(Dialect):
         else:
             out.pop("stream_options", None)
         return out
+
+    def message_translator(self) -> Callable[[int, Any], list[dict]]:
+        # One message in, one out; the rest of a resent request is its last one's bytes.
+        return _normalise_message
 
     def from_chat(self, chat: dict, request: dict) -> dict:
         wants_logprobs = bool(request.get("logprobs"))
