@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny model and one vLLM-CPU engine for the whole test session.
+"""Shared fixtures: the tiny model and one vLLM-CPU engine for the whole test session, and a
+capture proxy in front of the fake engine for each test that asks.
 
 The engine takes ~25-40 s to start on CPU, so one serves every integration test. Set
 HARNESS_TEST_ENGINE_URL=http://127.0.0.1:PORT to reuse an engine that is already running (it must
@@ -62,3 +63,31 @@ def admin(engine: RunningEngine) -> Iterator[Any]:
 
     with CaptureServer(engine.url) as proxy, CaptureClient(proxy.url, proxy.admin_key) as client:
         yield client
+
+
+# --- the capture proxy behind the in-package fake engine (milliseconds a test) -------------------
+# Each test gets its own; a module that needs them otherwise defines its own of the same names.
+@pytest.fixture
+def fake() -> Iterator[Any]:
+    from capture.fake_engine import FakeEngine
+
+    with FakeEngine() as engine:
+        yield engine
+
+
+@pytest.fixture
+def proxy(fake: Any, tmp_path: Path) -> Iterator[Any]:
+    """A proxy with a data dir under the test's tmp_path, in front of `fake`."""
+    from capture import CaptureServer
+
+    with CaptureServer(fake.url, data_dir=tmp_path / "capture") as server:
+        yield server
+
+
+@pytest.fixture
+def client(proxy: Any) -> Iterator[Any]:
+    """The admin client of `proxy`."""
+    from capture import CaptureClient
+
+    with CaptureClient(proxy.url, proxy.admin_key) as admin:
+        yield admin

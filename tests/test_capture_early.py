@@ -17,9 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from capture import CaptureClient, CaptureServer
 from capture.dialects import DIALECTS
-from capture.fake_engine import FakeEngine
 from capture.resent import EngineBodies
 from capture.sampling import SamplingPolicy
 from capture.sessions import Session
@@ -118,24 +116,6 @@ def test_anything_but_an_append_to_a_remembered_call_has_no_body_ahead():
 
 
 # --- through the proxy -----------------------------------------------------------------------
-@pytest.fixture
-def fake():
-    with FakeEngine() as engine:
-        yield engine
-
-
-@pytest.fixture
-def proxy(fake, tmp_path):
-    with CaptureServer(fake.url, data_dir=tmp_path / "capture") as server:
-        yield server
-
-
-@pytest.fixture
-def client(proxy):
-    with CaptureClient(proxy.url, proxy.admin_key) as admin:
-        yield admin
-
-
 def post(info, messages: list[dict], **extra) -> httpx.Response:
     return httpx.post(f"{info.base_urls['chat']}/chat/completions", timeout=30,
                       headers={"authorization": f"Bearer {info.secret}"},

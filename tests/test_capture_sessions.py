@@ -21,28 +21,9 @@ import pytest
 
 from capture import BadSessionKey, CaptureClient, CaptureServer, NothingTrainableError
 from capture.app import create_app
-from capture.fake_engine import FakeEngine
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 SYSTEM = {"role": "system", "content": "You are a coding agent. " * 40}
-
-
-@pytest.fixture
-def fake():
-    with FakeEngine() as engine:
-        yield engine
-
-
-@pytest.fixture
-def proxy(fake, tmp_path):
-    with CaptureServer(fake.url, data_dir=tmp_path / "capture") as server:
-        yield server
-
-
-@pytest.fixture
-def client(proxy):
-    with CaptureClient(proxy.url, proxy.admin_key) as admin:
-        yield admin
 
 
 def chat(info, messages, *, key: str | None = "<secret>", tools=TOOLS, **extra) -> httpx.Response:
