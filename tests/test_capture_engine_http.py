@@ -159,10 +159,21 @@ def test_a_new_connection_dropped_before_the_reply_is_an_error_not_a_resend():
     against(handler, client)
 
 
-def test_a_reply_delimited_by_closing_the_connection_is_read_whole_and_not_reused():
+def answers(raw: bytes, linger_s: float = 0.0) -> Handler:
+    """A server that answers each connection's first request with `raw` bytes, then stays
+    `linger_s` before closing it."""
+
     async def handler(reader, writer, n):
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the end")
+        writer.write(raw)
+        await writer.drain()
+        await asyncio.sleep(linger_s)
+
+    return handler
+
+
+def test_a_reply_delimited_by_closing_the_connection_is_read_whole_and_not_reused():
+    handler = answers(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the end")
 
     async def client(port: int, _: list[int]) -> None:
         pool = EngineHTTP("127.0.0.1", port)
@@ -264,10 +275,7 @@ def test_a_whole_reply_wakes_its_caller_once_it_is_all_in_and_is_never_paused():
 
 
 def test_a_whole_reply_cut_short_fails_the_request_itself():
-    async def handler(reader, writer, n):
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
-        await writer.drain()
+    handler = answers(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
 
     async def client(port: int, _: list[int]) -> None:
         pool = EngineHTTP("127.0.0.1", port)
@@ -321,11 +329,7 @@ def test_an_engine_that_goes_silent_times_out(before_silence):
 
 
 def test_garbage_instead_of_http_is_a_connection_error():
-    async def handler(reader, writer, n):
-        await read_request(reader)
-        writer.write(b"SMTP ready\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(1)
+    handler = answers(b"SMTP ready\r\n\r\n", linger_s=1)
 
     async def client(port: int, _: list[int]) -> None:
         pool = EngineHTTP("127.0.0.1", port)
