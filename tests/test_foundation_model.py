@@ -1,4 +1,5 @@
-"""The tiny default model: built locally, deterministic, loadable by transformers.
+"""The tiny default model: committed and hash-checked, rebuildable deterministically, loadable by
+transformers.
 
 Run: .venv/bin/python -m pytest tests/test_foundation_model.py -q
 """
@@ -6,13 +7,21 @@ Run: .venv/bin/python -m pytest tests/test_foundation_model.py -q
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from launchers.tiny_model import build_tiny_model
+from launchers.tiny_model import (
+    BUILDER_VERSION,
+    COMMITTED_MODEL,
+    TinyModelError,
+    build_tiny_model,
+    committed_tiny_model,
+)
 
 
 def test_tiny_model_is_qwen3_with_head_dim_32_and_32k_context(tiny_model_path: Path) -> None:
@@ -95,3 +104,32 @@ def test_a_cached_model_is_reused_without_rebuilding(tiny_model_path: Path) -> N
     marker = (tiny_model_path / "model.safetensors").stat().st_mtime_ns
     assert build_tiny_model() == tiny_model_path
     assert (tiny_model_path / "model.safetensors").stat().st_mtime_ns == marker
+
+
+def test_the_default_model_is_the_committed_one_with_every_file_hashed() -> None:
+    # The same bytes on every machine: no machine-specific rebuild behind the tests and the runs.
+    assert build_tiny_model() == COMMITTED_MODEL
+    build = json.loads((COMMITTED_MODEL / "BUILD.json").read_text())
+    assert build["builder"] == BUILDER_VERSION and build["seed"] == 0
+    on_disk = {p.name for p in COMMITTED_MODEL.iterdir() if p.is_file() and p.name != "BUILD.json"}
+    assert on_disk == set(build["files"]) and {"model.safetensors", "tokenizer.json"} <= on_disk
+
+
+def test_a_changed_committed_file_is_refused_by_name(tmp_path: Path) -> None:
+    copy = tmp_path / "tiny"
+    shutil.copytree(COMMITTED_MODEL, copy)
+    assert committed_tiny_model(copy) == copy
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(TinyModelError, match="model.safetensors does not match"):
+        committed_tiny_model(copy)
+
+
+def test_a_committed_model_of_another_builder_version_is_not_used(tmp_path: Path) -> None:
+    copy = tmp_path / "tiny"
+    shutil.copytree(COMMITTED_MODEL, copy)
+    build = json.loads((copy / "BUILD.json").read_text())
+    (copy / "BUILD.json").write_text(json.dumps({**build, "builder": BUILDER_VERSION - 1}))
+    assert committed_tiny_model(copy) is None
