@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.waiting import until
 from trainer.config import AsyncGRPOConfig
 from trainer.errors import CaptureError
 from trainer.fakes import ReplaySource, make_trace, make_turn, synthetic_trace
@@ -141,12 +142,17 @@ def test_admission_keeps_the_producer_at_most_max_staleness_steps_ahead():
 
     async def run():
         producer = _producer(source, max_staleness=2)
+        seeds = lambda: sorted({s for s, _ in source.calls})  # noqa: E731
         producer.start()
+        # Wait until the admitted groups have started, then a while more: a producer that ran
+        # ahead would start group 3 in that while (a loaded machine can only hide it, not fake it).
+        await until(lambda: len(seeds()) >= 3, "groups 0-2 to start", state=seeds)
         await asyncio.sleep(0.2)
-        before = sorted({s for s, _ in source.calls})
+        before = seeds()
         await producer.step_done(1)
+        await until(lambda: len(seeds()) >= 4, "group 3 to start after a step", state=seeds)
         await asyncio.sleep(0.2)
-        after = sorted({s for s, _ in source.calls})
+        after = seeds()
         await producer.stop()
         return before, after
 

@@ -54,7 +54,8 @@ def fake():
 
 
 def make_sync(url: str, **kwargs) -> VLLMWeightSync:
-    return VLLMWeightSync(url, "harness_gloo", group_timeout_s=30, http_timeout_s=30, **kwargs)
+    return VLLMWeightSync(url, "harness_gloo", **{"group_timeout_s": 30, "http_timeout_s": 30,
+                                                   **kwargs})
 
 
 def test_a_push_runs_pause_start_update_finish_resume_in_that_order(fake):
@@ -116,15 +117,15 @@ def test_the_transfer_group_is_opened_once_for_many_pushes(fake):
 
 def test_a_failed_update_resumes_the_engine_and_says_it_still_serves_the_old_version(fake):
     seen: list[int] = []
-    with make_sync(fake.url, on_version=seen.append) as sync:
+    with make_sync(fake.url, on_version=seen.append, group_timeout_s=300) as sync:
         sync.push(TinyNet(), 1)
         # the worker rejects the metadata and never joins the broadcast
         fake.fail["/update_weights"] = (500, '{"error": {"message": "bad update_info"}}')
         started = time.monotonic()
         with pytest.raises(WeightSyncPushError) as info:
             sync.push(TinyNet(), 2)
-        # the blocked broadcast was aborted, not left to the 30 s group timeout
-        assert time.monotonic() - started < 15
+        # the blocked broadcast was aborted, not left to the group timeout (300 s here)
+        assert time.monotonic() - started < 150
     error = info.value
     assert (error.stage, error.engine_resumed, error.weights_intact) == ("update_weights", True, True)
     assert "bad update_info" in str(error) and "still serves version 1" in str(error)
@@ -175,7 +176,7 @@ def test_an_unreachable_engine_is_named_with_its_url():
 
 
 def test_a_gathered_state_view_with_only_named_parameters_can_be_pushed(fake):
-    # trainer.distributed.FullModelView is such a view: gathered CPU tensors on rank 0
+    # a WeightSync written for gathered tensors (any object with named_parameters) is served
     class View:
         def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
             self._tensors = tensors
@@ -187,6 +188,23 @@ def test_a_gathered_state_view_with_only_named_parameters_can_be_pushed(fake):
     with make_sync(fake.url) as sync:
         sync.push(View(tensors), 1)
     assert all(torch.equal(fake.weights[name], t) for name, t in tensors.items())
+
+
+def test_a_full_model_view_crosses_the_wire_in_its_cast_dtype_read_once(fake):
+    # What the trainer hands its WeightSync: fp32 master weights, sent as bf16, one at a time.
+    from trainer.weight_sync.source import FullModelView
+
+    net = TinyNet().float()
+    view = FullModelView(net, torch.bfloat16)
+    with make_sync(fake.url) as sync:
+        sync.push(view, 1)
+    update = dict(fake.requests)["/update_weights"]["update_info"]
+    assert set(update["dtype_names"]) == {"bfloat16"}
+    for name, param in net.named_parameters():
+        assert torch.equal(fake.weights[name], param.detach().to(torch.bfloat16)), name
+    assert view.read == len(list(net.parameters())) and view.finish() == 0
+    with pytest.raises(RuntimeError, match="read once per push"):
+        view.named_parameters()
 
 
 def test_a_non_zero_rank_never_talks_to_the_engine(fake):

@@ -34,9 +34,14 @@ nccl_engine.open_trainer_endpoint = lambda init_info: NoGpuCommunicator()
 nccl_engine.packed_nccl_broadcast_producer = packed_producer
 
 from trainer.weight_sync import VLLMWeightSync
+from trainer.weight_sync.source import FullModelView
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
 seen = []
+if sys.argv[2] == "view":
+    # what the trainer sends: fp32 master weights cast to bf16, streamed; vLLM's engine checks
+    # every streamed tensor against the declared metadata (_checked_iter)
+    model = FullModelView(model, torch.bfloat16)
 with VLLMWeightSync(sys.argv[1], "nccl", on_version=seen.append) as sync:
     sync.push(model, 5)
 assert seen == [5], seen
@@ -44,8 +49,7 @@ print("sent", sum(NoGpuCommunicator.sent))
 """
 
 
-@pytest.fixture(scope="module")
-def nccl_run():
+def _run(what: str):
     try:
         python = engine_python()
     except SetupMissingError as exc:
@@ -53,11 +57,21 @@ def nccl_run():
     with FakeWeightTransferEngine(receive=False) as fake:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         result = subprocess.run(
-            [str(python), "-c", TRAINER, fake.url],
+            [str(python), "-c", TRAINER, fake.url, what],
             capture_output=True, text=True, env=env, timeout=300,
         )
         assert result.returncode == 0, result.stderr[-4000:]
         yield fake, result.stdout
+
+
+@pytest.fixture(scope="module")
+def nccl_run():
+    yield from _run("model")
+
+
+@pytest.fixture(scope="module")
+def nccl_view_run():
+    yield from _run("view")
 
 
 def test_vllms_nccl_engine_runs_the_protocol_in_order_through_our_client(nccl_run):
@@ -72,6 +86,16 @@ def test_vllms_nccl_engine_runs_the_protocol_in_order_through_our_client(nccl_ru
         "/resume",
         "/shutdown_weight_transfer_engine",
     ]
+
+
+def test_a_cast_view_declares_and_streams_bf16_through_vllms_engine(nccl_view_run):
+    # vLLM's _checked_iter raises if a streamed tensor's dtype differs from the declared one,
+    # so this push passing means the stream really was bf16, element by element.
+    fake, stdout = nccl_view_run
+    update = dict(fake.requests)["/update_weights"]["update_info"]
+    assert update["dtype_names"] == ["bfloat16"] * 4
+    assert update["shapes"] == [[3, 4], [3], [2, 3], [2]]
+    assert stdout.split()[-1] == str(12 + 3 + 6 + 2)
 
 
 def test_the_workers_are_told_to_join_after_the_trainer_as_rank_one(nccl_run):

@@ -3,10 +3,10 @@
     A_i = (r_i - mean(r_valid)) / (std(r_valid) + eps)    with std scaling (scale_rewards=True)
     A_i =  r_i - mean(r_valid)                            without it (Dr. GRPO's choice)
 
-`r_valid` are the rewards of the rollouts that can be scored. A `None` reward (unscorable: the
-verifier could not tell, the reward function declined) is left out of the mean and the std and
-its rollout gets no advantage, so it is never trained. Counting it as 0 would invent a failure
-and pull the baseline down for everybody in the group. Infra and verifier failures arrive here
+`r_valid` are the rewards of the rollouts that can be scored. A `None` or non-finite reward
+(unscorable: the verifier could not tell, the reward function declined) is left out of the mean
+and the std and its rollout gets no advantage, so it is never trained. Counting it as 0 would
+invent a failure and pull the baseline down for everybody in the group. Infra and verifier failures arrive here
 already as `None` (trainer/groups.py counts them by cause).
 
 A group is skipped BEFORE any row is built or forwarded when it cannot give a gradient:
@@ -40,6 +40,9 @@ def group_advantages(
     rewards: list[float | None], *, scale_rewards: bool = True, eps: float = 1e-4
 ) -> GroupAdvantages:
     """Advantages for one group's rewards (None = unscorable, excluded from the baseline)."""
+    # A non-finite reward is unscorable like None: one NaN would make every advantage NaN.
+    # (trainer/rewards.py already turns NaN/inf into None and counts it; this is the last guard.)
+    rewards = [None if r is None or not math.isfinite(r) else r for r in rewards]
     valid = [r for r in rewards if r is not None]
     n = len(valid)
     none = [None] * len(rewards)

@@ -20,6 +20,7 @@ gathers (collectives) and rank 0 writes.
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from dataclasses import asdict, dataclass
@@ -33,12 +34,15 @@ from trainer.errors import CheckpointError
 
 __all__ = ["TrainerState", "find_latest", "load_checkpoint", "save_checkpoint"]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class TrainerState:
     step: int = 0  # trainer steps done
     policy_version: int = 0  # optimizer updates applied (the version the engine is told)
     next_group_index: int = 0  # first group not consumed by a finished step
+    nonfinite_steps: int = 0  # steps skipped because the loss or gradient norm was not finite
 
 
 def _rng_state() -> dict[str, Any]:
@@ -51,7 +55,9 @@ def _rng_state() -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    # One state per visible GPU: a machine with another GPU count keeps its own CUDA RNG.
+    if "cuda" in state and torch.cuda.is_available() \
+            and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
@@ -106,7 +112,9 @@ def save_checkpoint(
             for old in olds[:-total_limit]:
                 shutil.rmtree(old, ignore_errors=True)
     if dist_info.distributed:
-        torch.distributed.barrier()
+        # On the control group: the others wait here while rank 0 writes (minutes for a large
+        # model), longer than the step collectives' timeout allows.
+        torch.distributed.barrier(group=dist_info.control_group)
     return final
 
 
@@ -133,18 +141,24 @@ def load_checkpoint(
                               "trainer_state.pt); pass a checkpoint-<step> directory or "
                               "resume_from_checkpoint=True to use <output_dir>/latest")
     blob = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    missing_fields = sorted({"state", "optimizer", "scheduler", "rng", "world_size"} - set(blob))
+    if missing_fields:
+        raise CheckpointError(f"{path}/trainer_state.pt lacks {missing_fields}: it was not "
+                              "written by this trainer's save_checkpoint")
     from safetensors.torch import load_file
 
     files = sorted((path / "model").glob("*.safetensors"))
     model_sd: dict[str, torch.Tensor] = {}
     for f in files:
         model_sd.update(load_file(str(f)))
+    # Keys: checked on every rank against the model's own (FSDP2 keeps the unwrapped names),
+    # before anything is loaded, so a wrong checkpoint fails on all ranks alike.
+    problem = _key_problem(path, set(model_sd), model)
+    if problem:
+        raise CheckpointError(problem)
+    _check_world_size(path, blob["world_size"], dist_info)
     if not dist_info.distributed:
-        missing, unexpected = model.load_state_dict(model_sd, strict=False)
-        missing = [m for m in missing if m not in _tied_names(model)]
-        if missing or unexpected:
-            raise CheckpointError(f"{path}: model keys differ (missing {missing[:5]}, unexpected "
-                                  f"{unexpected[:5]}); was it saved from another model?")
+        model.load_state_dict(model_sd, strict=False)  # keys checked above (tied ones absent)
         optimizer.load_state_dict(blob["optimizer"])
     else:
         from torch.distributed.checkpoint.state_dict import (
@@ -161,6 +175,31 @@ def load_checkpoint(
         scheduler.load_state_dict(blob["scheduler"])
     _set_rng_state(blob["rng"])
     return TrainerState(**blob["state"])
+
+
+def _key_problem(path: Path, saved: set[str], model: torch.nn.Module) -> str | None:
+    expected = set(model.state_dict())
+    tied = _tied_names(model)
+    missing = sorted(expected - saved - tied)
+    unexpected = sorted(saved - expected)
+    if not missing and not unexpected:
+        return None
+    return (f"{path}: model keys differ from this model's ({len(missing)} missing, e.g. "
+            f"{missing[:5]}; {len(unexpected)} unexpected, e.g. {unexpected[:5]}); was it saved "
+            "from another model? Resume with the model the run was started with.")
+
+
+def _check_world_size(path: Path, saved: Any, dist_info: DistInfo) -> None:
+    """Model and optimizer are saved whole (unsharded), so another world size can load them; the
+    loss is then summed in another order, so the run is not bit-identical to an unbroken one."""
+    if not isinstance(saved, int) or isinstance(saved, bool) or saved < 1:
+        raise CheckpointError(f"{path}: world_size {saved!r} in trainer_state.pt is not a rank "
+                              "count; the file is damaged or not from this trainer")
+    if saved != dist_info.world_size:
+        log.warning("%s was saved by %d rank(s) and is resumed on %d: model and optimizer are "
+                    "whole-state and load as is; losses will differ from an uninterrupted run in "
+                    "the last digits (another summation order)", path, saved,
+                    dist_info.world_size)
 
 
 def _tied_names(model: torch.nn.Module) -> set[str]:

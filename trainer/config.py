@@ -13,6 +13,7 @@ its fifth field should say so before a model loads, not after four restarts. The
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -45,7 +46,8 @@ class AsyncGRPOConfig:
     max_grad_norm: float | None = 1.0  # None: no clipping (grad norm is still logged)
     max_steps: int = 100  # trainer steps; each consumes `groups_per_step` groups
     seed: int = 0
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+    # compute dtype (auto: bf16 on CUDA, fp32 on CPU); parameters and AdamW state stay fp32
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # --- loss ---------------------------------------------------------------------------------
     loss_type: Literal["tis_clip", "tis_pg"] = "tis_clip"
     loss_norm: Literal["token", "sequence"] = "token"
@@ -59,6 +61,11 @@ class AsyncGRPOConfig:
     staleness_rule: Literal["correct", "drop"] = "correct"  # for tokens older than the bound
     # --- packing ------------------------------------------------------------------------------
     max_tokens_per_microbatch: int = 8192  # padding-free token budget of one forward
+    # --- distributed (torchrun) ---------------------------------------------------------------
+    # any collective of a step (also the gathers of a weight push, which pace the engine's
+    # transfer); a hung rank ends the run after it. Checkpoint writes wait on the longer one.
+    dist_timeout_s: float = 600.0
+    step_wait_timeout_s: float = 6 * 3600.0  # how long ranks > 0 wait for rank 0's next step
     # --- outputs ------------------------------------------------------------------------------
     output_dir: str = "outputs/grpo"
     save_steps: int = 0  # checkpoint every N steps (0: only at the end)
@@ -116,6 +123,11 @@ class AsyncGRPOConfig:
             positive_int("max_tokens")
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
             p.append(f"temperature={self.temperature!r}: must be > 0 (training needs sampling)")
+        for name in ("dist_timeout_s", "step_wait_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not (value > 0 and math.isfinite(value)):
+                p.append(f"{name}={value!r}: must be a finite number of seconds > 0")
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             p.append(f"learning_rate={self.learning_rate!r}: must be > 0")
         if self.weight_decay < 0:

@@ -2,36 +2,54 @@
 
     torchrun --nproc-per-node 2 my_train.py          # CPU: gloo; GPU: nccl, one GPU per rank
 
-What is decided here, once, with the reason logged (nanochat's common.py habit):
+What is decided here, once, with the reason logged (nanochat's common.py habit), and nowhere
+else (the loop has no CPU or GPU branch: the same code runs on gloo in the tests and on NCCL):
 - device: cuda:<LOCAL_RANK> when CUDA is available, else cpu;
-- backend: nccl on CUDA, gloo on CPU;
+- backend: "cpu:gloo,cuda:nccl" on CUDA (each tensor goes to the backend of its device: the
+  step's tensors are on the GPU and cross on NCCL, pickled objects cross on gloo), "gloo" on CPU;
+- two groups: the default one for the step's collectives, with a bounded timeout
+  (`dist_timeout_s`), and a gloo "control" group through which rank 0 hands each step's rows to
+  the others. The control group waits longer (`step_wait_timeout_s`), because the other ranks
+  wait there while rank 0 waits for agent rollouts, which take minutes;
 - sharding: each decoder layer is its own FSDP2 unit, then the root (so all-gathers overlap
-  per layer); a single process is never wrapped.
+  per layer); with a bf16 compute dtype every unit gets MixedPrecisionPolicy(param bf16,
+  reduce fp32): parameters and optimizer state stay fp32 (the master weights), the all-gather
+  and the forward run in bf16, and gradients are reduced in fp32. A single process is never
+  wrapped; it uses autocast instead (trainer/grpo.py).
+
+Failure: a rank that raises leaves its process (the trainer never runs a clean-up collective
+after an error, which would block on peers that are elsewhere), and the launcher ends the others:
+torchrun's agent stops every worker when one exits non-zero and reports the first failure
+("Root Cause"), as does torch.multiprocessing.spawn. A rank that hangs instead is ended by the
+timeouts above. `fail_fast` logs the first error with its rank before that happens.
 
 Rank 0 owns everything that talks to the outside: it runs the rollout producer, broadcasts each
 step's rows to the other ranks, writes metrics and checkpoints, and pushes weights to the engine.
-The other ranks only step. Weight sync gathers full parameters to rank 0 (`full_state_dict`,
-a collective every rank must enter) and hands rank 0 a `FullModelView`, which quacks like the
-model for a WeightSync (`named_parameters()`, `state_dict()`, `config`).
+Weight sync streams full parameters one at a time (`FullModelView`, trainer/weight_sync/source.py):
+rank 0's WeightSync reads the stream while the other ranks run the same gathers.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from trainer.weight_sync.source import FullModelView
+
 __all__ = [
     "DistInfo",
     "FullModelView",
     "broadcast_object",
+    "fail_fast",
     "full_state_dict",
     "init_distributed",
+    "placement",
     "shard_model",
 ]
 
@@ -45,6 +63,8 @@ class DistInfo:
     local_rank: int
     device: torch.device
     reason: str
+    backend: str = ""  # what init_process_group got ("" on a single process)
+    control_group: Any = None  # gloo group for rank 0's step inputs (None on a single process)
 
     @property
     def is_main(self) -> bool:
@@ -55,39 +75,69 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed() -> DistInfo:
-    """Join the torchrun process group if launched by torchrun; otherwise a single process."""
+def placement(cuda_available: bool, local_rank: int) -> tuple[torch.device, str, str]:
+    """(device, process-group backend, why): the one place the CPU and GPU runs differ."""
+    if cuda_available:
+        return (torch.device("cuda", local_rank), "cpu:gloo,cuda:nccl",
+                "CUDA is available: GPU tensors on NCCL, pickled objects on gloo")
+    return torch.device("cpu"), "gloo", "no CUDA device: CPU training with gloo collectives"
+
+
+def init_distributed(dist_timeout_s: float = 600.0,
+                     step_wait_timeout_s: float = 6 * 3600.0) -> DistInfo:
+    """Join the torchrun process group if launched by torchrun; otherwise a single process.
+
+    `dist_timeout_s` bounds every collective of a step (a hung rank ends the others after it);
+    `step_wait_timeout_s` bounds how long ranks other than 0 wait for rank 0's next step.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local)
+    device, backend, why = placement(torch.cuda.is_available(), local)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        backend, why = "nccl", "CUDA is available"
-    else:
-        device = torch.device("cpu")
-        backend, why = "gloo", "no CUDA device: CPU training with gloo collectives"
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend=backend)
-    reason = f"device={device} ({why})" + (f", {world} ranks over {backend}" if world > 1 else "")
+    control = None
+    if world > 1:
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend, timeout=timedelta(seconds=dist_timeout_s))
+        else:
+            backend = str(dist.get_backend())
+            why += f" (process group initialised by the caller: {backend})"
+        # A collective: every rank creates it, in the same order.
+        control = dist.new_group(backend="gloo", timeout=timedelta(seconds=step_wait_timeout_s))
+    reason = f"device={device} ({why})"
+    if world > 1:
+        reason += (f", {world} ranks over {backend}, step collectives time out after "
+                   f"{dist_timeout_s:g} s, followers wait {step_wait_timeout_s:g} s for a step")
     if rank == 0:
         log.info("trainer placement: %s", reason)
-    return DistInfo(rank, world, local, device, reason)
+    return DistInfo(rank, world, local, device, reason, backend if world > 1 else "", control)
 
 
-def shard_model(model: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2: each decoder layer, then the root. Returns the same (now sharded) module."""
-    from torch.distributed.fsdp import fully_shard
+def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """FSDP2: each decoder layer, then the root. Returns the same (now sharded) module.
 
+    With a `compute_dtype` other than the parameters' own, FSDP2 gathers and computes in it and
+    reduces gradients in fp32; the sharded parameters (what the optimizer steps) keep their dtype.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {}
+    param_dtype = next(model.parameters()).dtype
+    if compute_dtype is not None and compute_dtype != param_dtype:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype,
+                                                   reduce_dtype=torch.float32)
     layers = getattr(getattr(model, "model", model), "layers", None)
     for layer in layers or ():
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 
 def full_state_dict(model: torch.nn.Module, dist_info: DistInfo) -> dict[str, torch.Tensor] | None:
-    """Full (unsharded) CPU state dict on rank 0, None on other ranks. Collective when sharded."""
+    """Full (unsharded) CPU state dict on rank 0, None on other ranks. Collective when sharded.
+
+    For checkpoints only (a file needs the whole state dict); weight sync streams instead."""
     if not dist_info.distributed:
         return {k: v.detach() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -97,35 +147,21 @@ def full_state_dict(model: torch.nn.Module, dist_info: DistInfo) -> dict[str, to
     return sd if dist_info.is_main else None
 
 
-class FullModelView:
-    """What a WeightSync receives under FSDP on rank 0: gathered full tensors, the model's config.
+def broadcast_object(obj: Any, dist_info: DistInfo, *, control: bool = False) -> Any:
+    """Rank 0's `obj` on every rank (identity on a single process).
 
-    Exposes `named_parameters()`, `state_dict()` and `config` like the HF model, so a weight sync
-    written for a single process works unchanged.
-    """
-
-    def __init__(self, state: dict[str, torch.Tensor], model: torch.nn.Module):
-        self._state = state
-        self.config = getattr(model, "config", None)
-        self._param_names = {n for n, _ in model.named_parameters()}
-
-    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self._state.items():
-            if name in self._param_names:
-                yield name, tensor
-
-    def parameters(self) -> Iterator[torch.Tensor]:
-        for _, t in self.named_parameters():
-            yield t
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(self._state)
-
-
-def broadcast_object(obj: Any, dist_info: DistInfo) -> Any:
-    """Rank 0's `obj` on every rank (identity on a single process)."""
+    `control=True` uses the control group (long wait: rank 0 may be waiting for rollouts)."""
     if not dist_info.distributed:
         return obj
     box = [obj if dist_info.is_main else None]
-    dist.broadcast_object_list(box, src=0)
+    group = dist_info.control_group if control else None
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
+
+
+def fail_fast(dist_info: DistInfo, exc: BaseException) -> None:
+    """Log a rank's error before its process leaves (the launcher then ends the other ranks)."""
+    if dist_info.distributed:
+        log.error("rank %d of %d failed: %s: %s; leaving without further collectives, the "
+                  "launcher (torchrun) ends the other ranks", dist_info.rank,
+                  dist_info.world_size, type(exc).__name__, exc)

@@ -3,7 +3,11 @@
 It is the trainer's narrow seam made concrete (httpx's MockTransport idea): the trainer cannot
 tell it from HarborSessionFactory, so a dry run exercises the same producer, rows, loss and
 checkpoint code as a real run, with no sandbox, agent or engine. Traces can be real captures
-saved from the proxy (`TrainingTrace.model_dump()`), or built here from token lists.
+saved from the proxy (`TrainingTrace.model_dump()`, a dict), or built here from token lists.
+
+The traces built here are plain dataclasses with the fields of OpenEnv's `TrainingTrace` /
+`TrainingTurn` (schema_version 1), which is all trainer/rows.py reads: the trainer side imports
+nothing from openenv, so that it can share an environment with vLLM (DESIGN.md section 1).
 """
 
 from __future__ import annotations
@@ -11,13 +15,38 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from openenv.core.harness.training import TrainingTrace, TrainingTurn
 
 from trainer.rollouts import Rollout, RolloutOutcome
 
-__all__ = ["ReplaySource", "make_trace", "make_turn", "synthetic_trace"]
+__all__ = ["ReplaySource", "TrainingTrace", "TrainingTurn", "make_trace", "make_turn",
+           "synthetic_trace"]
+
+
+@dataclass
+class TrainingTurn:
+    """One engine call, as OpenEnv's TrainingTurn spells it."""
+
+    node_id: str
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    per_token_logps: list[float]
+    loss_mask: list[int]
+    request: dict[str, Any] = field(default_factory=dict)
+    response: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainingTrace:
+    """A rollout's turns, as OpenEnv's TrainingTrace spells it (schema_version 1)."""
+
+    turns: list[TrainingTurn] = field(default_factory=list)
+    schema_version: int = 1
+
+    def model_dump(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def make_turn(

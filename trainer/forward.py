@@ -16,16 +16,22 @@ __all__ = ["microbatch_logprobs", "row_logprobs"]
 
 
 def microbatch_logprobs(
-    model: torch.nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = True
+    model: torch.nn.Module, mb: MicroBatch, temperature: float, *, with_entropy: bool = True,
+    autocast: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logp [K] (with grad when grad is enabled) and entropy [K] | None for mb's targets."""
-    out = model(
-        input_ids=mb.input_ids,  # [1, N]
-        position_ids=mb.position_ids,  # [1, N]  restarts per row -> block-causal attention
-        use_cache=False,  # a cache would disable HF's packed-sequence detection
-        logits_to_keep=mb.logit_index,  # [K]  only positions that predict a target
-    )
-    logits = out.logits[0]  # [K, V]
+    """logp [K] (with grad when grad is enabled) and entropy [K] | None for mb's targets.
+
+    `autocast`: run the model's forward (not the log-softmax) under autocast to that dtype,
+    how one process computes in bf16 on fp32 master weights (trainer/grpo.py)."""
+    device_type = mb.input_ids.device.type
+    with torch.autocast(device_type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        out = model(
+            input_ids=mb.input_ids,  # [1, N]
+            position_ids=mb.position_ids,  # [1, N]  restarts per row -> block-causal attention
+            use_cache=False,  # a cache would disable HF's packed-sequence detection
+            logits_to_keep=mb.logit_index,  # [K]  only positions that predict a target
+        )
+    logits = out.logits[0]  # [K, V]  token_logprobs upcasts to fp32
     return token_logprobs(logits, mb.target_ids, temperature, with_entropy=with_entropy)
 
 

@@ -14,8 +14,11 @@ Order of decisions for one group (all rollouts of one task, one seed):
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trainer.advantages import group_advantages
@@ -23,7 +26,7 @@ from trainer.rewards import ENV_REWARD, RewardFunc, score_rollout
 from trainer.rollouts import TRAINABLE_CAUSES
 from trainer.rows import Row, trace_to_rows
 
-__all__ = ["PreparedGroup", "group_metrics", "prepare_group"]
+__all__ = ["PreparedGroup", "append_group_records", "group_metrics", "prepare_group"]
 
 
 @dataclass
@@ -44,6 +47,9 @@ class PreparedGroup:
     reward_failures: list[str] = field(default_factory=list)
     sampled_tokens: int = 0
     timed_out: int = 0
+    # One dict per rollout (episode_id, reward, parts, advantage): what the run viewer shows
+    # as "the advantage it got"; grpo.py appends them to <output_dir>/groups.jsonl.
+    per_rollout: list[dict[str, Any]] = field(default_factory=list)
 
 
 def prepare_group(
@@ -57,6 +63,9 @@ def prepare_group(
     """Score, baseline and row-ify one group's rollout results (harness RolloutResult-like)."""
     g = PreparedGroup(group_index=group_index)
     for r in results:
+        record: dict[str, Any] = {"episode_id": getattr(r, "episode_id", None), "reward": None,
+                                  "parts": {}, "advantage": None}
+        g.per_rollout.append(record)
         cause = getattr(r, "cause", "infra_failure")
         trace = getattr(r, "trace", None)
         outcome = getattr(r, "outcome", None)
@@ -73,13 +82,19 @@ def prepare_group(
             g.causes[cause] += 1
             g.rewards.append(None)
             continue
-        if env is not None:
+        if isinstance(env, (int, float)) and math.isfinite(env):  # NaN: unscorable, below
             g.env_rewards.append(float(env))
+        if cause == "tampered":  # no reward function may pay a rollout that gamed its grade
+            g.causes[cause] += 1
+            record.update(reward=0.0)
+            g.rewards.append(0.0)
+            continue
         scored = score_rollout(outcome, env, reward_funcs)
         for name, value in scored.parts.items():
             if value is not None:
                 g.reward_parts.setdefault(name, []).append(value)
         if scored.failure is not None:
+            record.update(parts=dict(scored.parts), reward_failure=scored.failure)
             g.causes["reward_failure"] += 1
             g.reward_failures.append(scored.failure)
             g.rewards.append(None)
@@ -88,8 +103,11 @@ def prepare_group(
         if scored.total is None:
             g.causes["unscorable"] += 1
         g.rewards.append(scored.total)
+        record.update(reward=scored.total, parts=dict(scored.parts))
     adv = group_advantages(g.rewards, scale_rewards=scale_rewards)
     g.skipped = adv.skipped
+    for record, a in zip(g.per_rollout, adv.advantages, strict=True):
+        record["advantage"] = a
     if adv.skipped is not None:
         return g
     for r, a in zip(results, adv.advantages, strict=True):
@@ -103,6 +121,16 @@ def prepare_group(
         g.rows.extend(rows)
         g.row_advantages.extend([a] * len(rows))
     return g
+
+
+def append_group_records(path: Path, step: int, groups: list[PreparedGroup]) -> None:
+    """One JSON line per group trained (or skipped) at `step`: its skip reason and, per rollout,
+    the reward, its parts and the advantage. The run viewer (harness/view) reads this file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        for g in groups:
+            f.write(json.dumps({"step": step, "group_index": g.group_index, "skipped": g.skipped,
+                                "rollouts": g.per_rollout}, default=str) + "\n")
 
 
 def group_metrics(groups: list[PreparedGroup], reward_names: list[str]) -> dict[str, float]:

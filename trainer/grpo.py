@@ -16,9 +16,16 @@ temperature + no-op truncation knobs + max_tokens), because the loss scores toke
 that distribution. The order of one step is in trainer/loop.py; this file only sets things up
 and runs the outer loop. Under torchrun, rank 0 runs the rollouts and every rank steps.
 
+Numerics: parameters and AdamW state are fp32 whatever `dtype` says; `dtype` is the compute
+dtype (bf16 on CUDA by default). One process computes under autocast; FSDP2 gets a
+MixedPrecisionPolicy (param bf16, reduce fp32). Either way each update lands on fp32 master
+weights, and the engine receives them cast to the compute dtype, one parameter at a time.
+Measured on CPU (tests/test_trainer_numerics.py): with fp32 master weights an lr 1e-6 step moves
+as many elements as the fp32 reference; pure-bf16 parameters move about 2% of them.
+
 What it refuses: a factory instance (it could not pin the sampling policy), a config with any
-problem (all listed at once, before the model loads), and a malformed capture (CaptureError
-stops training; see trainer/rows.py).
+problem (all listed at once, before the model loads), an empty train_dataset, and a malformed
+capture (CaptureError stops training; see trainer/rows.py).
 """
 
 from __future__ import annotations
@@ -38,14 +45,14 @@ from trainer.checkpoint import TrainerState, find_latest, load_checkpoint, save_
 from trainer.config import AsyncGRPOConfig
 from trainer.distributed import (
     DistInfo,
-    FullModelView,
     broadcast_object,
-    full_state_dict,
+    fail_fast,
     init_distributed,
     shard_model,
 )
-from trainer.groups import PreparedGroup, group_metrics, prepare_group
-from trainer.loop import StepInput, run_step, step_input_from_groups
+from trainer.errors import ConfigError
+from trainer.groups import PreparedGroup, append_group_records, group_metrics, prepare_group
+from trainer.loop import StepInput, push_weights, run_step, step_input_from_groups
 from trainer.metrics import MetricsWriter
 from trainer.producer import FinishedGroup, RolloutProducer
 from trainer.rewards import RewardFunc, normalize_reward_funcs
@@ -60,15 +67,18 @@ log = logging.getLogger(__name__)
 class WeightSync(Protocol):
     """Pushes the trainer's weights into the engine. Called on rank 0 after every update.
 
-    `model` is the HF model on a single process; under FSDP a `FullModelView` with gathered full
-    tensors (`named_parameters()`, `state_dict()`, `config`). `version` is the new policy
-    version (1 after the first update).
+    `model` is a `FullModelView` (trainer/weight_sync/source.py): `named_parameters()` streams
+    full tensors one at a time, in the compute dtype (bf16 on CUDA while the trainer keeps fp32
+    master weights), readable once; `describe_parameters()` and `config` too. Under FSDP each
+    element is a gather the other ranks run with it. `version` is the new policy version (1 after
+    the first update). Never called after a step whose loss or gradient was not finite.
     """
 
     def push(self, model: Any, version: int) -> None: ...
 
 
 def _dtype(args: AsyncGRPOConfig, device: torch.device) -> tuple[torch.dtype, str]:
+    """The COMPUTE dtype. Parameters and optimizer state are always fp32 (master weights)."""
     if args.dtype == "float32":
         return torch.float32, "dtype=float32 (config)"
     if args.dtype == "bfloat16":
@@ -76,6 +86,16 @@ def _dtype(args: AsyncGRPOConfig, device: torch.device) -> tuple[torch.dtype, st
     if device.type == "cuda":
         return torch.bfloat16, "dtype=auto -> bfloat16 on CUDA"
     return torch.float32, "dtype=auto -> float32 on CPU (the CPU engine serves float32)"
+
+
+def _numerics(compute: torch.dtype, distributed: bool) -> tuple[torch.dtype | None, str]:
+    """How a bf16 compute dtype is applied while the weights stay fp32 (see the module doc)."""
+    if compute == torch.float32:
+        return None, "fp32 parameters, fp32 compute"
+    if distributed:
+        return None, (f"fp32 master parameters and AdamW state; FSDP2 MixedPrecisionPolicy "
+                      f"(param {compute}, reduce float32)")
+    return compute, f"fp32 master parameters and AdamW state; forward under {compute} autocast"
 
 
 class HarnessAsyncGRPOTrainer:
@@ -98,28 +118,34 @@ class HarnessAsyncGRPOTrainer:
             raise TypeError("weight_sync must have push(model, version: int)")
         self.weight_sync = weight_sync
         self.on_version = on_version
+        _check_dataset(train_dataset)
         self.train_dataset = train_dataset
-        self.dist: DistInfo = init_distributed()
+        self.dist: DistInfo = init_distributed(args.dist_timeout_s, args.step_wait_timeout_s)
         random.seed(args.seed)
         torch.manual_seed(args.seed)
 
-        dtype, why = _dtype(args, self.dist.device)
-        log.info("trainer %s; %s", self.dist.reason, why)
+        # Master weights: parameters (and so AdamW's state) are fp32 whatever the compute dtype.
+        # A pure-bf16 AdamW step of lr 1e-6 on N(0, 0.02) weights rounds back for ~98% of them
+        # (issue 16); fp32 master weights take every update and the engine gets a bf16 cast.
+        self.compute_dtype, why = _dtype(args, self.dist.device)
+        self.autocast_dtype, how = _numerics(self.compute_dtype, self.dist.distributed)
+        log.info("trainer %s; %s; %s", self.dist.reason, why, how)
         if isinstance(model, (str, Path)):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
+            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(str(model))
         else:
-            self.model = model.to(dtype)
+            self.model = model.float()
         self.tokenizer = tokenizer
         self.model.to(self.dist.device)
         self.ref_model = None
-        if args.beta > 0:  # the initial policy, frozen
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if args.beta > 0:  # the initial policy, frozen: it never steps, so no master copy
+            self.ref_model = copy.deepcopy(self.model).to(self.compute_dtype)
+            self.ref_model.eval().requires_grad_(False)
         if self.dist.distributed:
-            shard_model(self.model)
+            shard_model(self.model, self.compute_dtype)
             if self.ref_model is not None:
                 shard_model(self.ref_model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.learning_rate,
@@ -159,13 +185,20 @@ class HarnessAsyncGRPOTrainer:
 
     # -- the outer loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
-        """Run until `max_steps`; returns every step's metrics on rank 0 ([] elsewhere)."""
-        self._sync_resumed_weights()
-        if not self.dist.is_main:
-            while self._follower_step():
-                pass
-            return []
-        return asyncio.run(self._train_main())
+        """Run until `max_steps`; returns every step's metrics on rank 0 ([] elsewhere).
+
+        An error on any rank propagates out of here with no further collective (see
+        trainer/distributed.py): the caller's process leaves and the launcher ends the others."""
+        try:
+            self._sync_resumed_weights()
+            if not self.dist.is_main:
+                while self._follower_step():
+                    pass
+                return []
+            return asyncio.run(self._train_main())
+        except BaseException as exc:
+            fail_fast(self.dist, exc)
+            raise
 
     def _sync_resumed_weights(self) -> None:
         """After a resume the engine may still serve older weights (or the initial ones after a
@@ -173,12 +206,7 @@ class HarnessAsyncGRPOTrainer:
         has_sync = broadcast_object(self.weight_sync is not None, self.dist)
         if not has_sync or self.state.policy_version == 0:
             return
-        if self.dist.distributed:
-            full = full_state_dict(self.model, self.dist)
-            if self.dist.is_main:
-                self.weight_sync.push(FullModelView(full, self.model), self.state.policy_version)
-        else:
-            self.weight_sync.push(self.model, self.state.policy_version)
+        push_weights(self, self.state.policy_version)
         if self.dist.is_main and self.on_version is not None:
             self.on_version(self.state.policy_version)
         log.info("pushed resumed weights (version %d) to the engine", self.state.policy_version)
@@ -206,6 +234,7 @@ class HarnessAsyncGRPOTrainer:
         )
         names = [f.name for f in self.reward_funcs]
         producer.start()
+        finished_cleanly = False
         try:
             while self.state.step < a.max_steps:
                 finished = [await producer.next_group() for _ in range(a.groups_per_step)]
@@ -215,10 +244,13 @@ class HarnessAsyncGRPOTrainer:
                 self.history.append(metrics)
                 writer.log(self.state.step, metrics)
                 await producer.step_done(self.state.step)
+            finished_cleanly = True
         finally:
             await producer.stop()
-            if self.dist.distributed:
-                await asyncio.to_thread(run_step, self, None)  # tells followers to stop
+            # Only a clean end tells the followers to stop: after an error they may be inside
+            # another collective, and a broadcast now would block or pair with the wrong one.
+            if finished_cleanly and self.dist.distributed:
+                await asyncio.to_thread(run_step, self, None)
             writer.close()
         return self.history
 
@@ -241,6 +273,7 @@ class HarnessAsyncGRPOTrainer:
         if save:
             self.save()
         metrics.update(group_metrics(groups, names))
+        append_group_records(Path(self.args.output_dir) / "groups.jsonl", self.state.step, groups)
         metrics["time/groups_to_rows_s"] = t_groups
         metrics["data/first_group"] = float(finished[0].index)
         metrics["data/next_group_index"] = float(self.state.next_group_index)
@@ -249,3 +282,18 @@ class HarnessAsyncGRPOTrainer:
             + metrics["time/weight_sync_s"]
         metrics["time/overhead_frac"] = max(total - busy, 0.0) / max(total, 1e-9)
         return metrics
+
+
+def _check_dataset(train_dataset: Any) -> None:
+    """An empty or unindexable dataset fails here, not as a producer that waits forever."""
+    if train_dataset is None:
+        return
+    try:
+        n = len(train_dataset)
+    except TypeError as exc:
+        raise ConfigError([f"train_dataset ({type(train_dataset).__name__}) has no len(): give a "
+                           "sequence of tasks (list, datasets.Dataset) or None to let the session "
+                           "factory pick tasks by seed"]) from exc
+    if n == 0:
+        raise ConfigError(["train_dataset is empty: give at least one task, or None to let the "
+                           "session factory pick tasks by seed"])

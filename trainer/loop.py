@@ -14,7 +14,9 @@ Our GRPO in five lines (the maths is in trainer/loss.py, numbered):
 4. A group is released only when all its rollouts have finished, so fast rollouts cannot bias
    the baseline; groups are consumed in index order, so the data position is one integer.
 5. One optimizer update per step (all micro-batches accumulate), then weights go to the engine
-   and the version to the capture proxy.
+   and the version to the capture proxy. A step whose loss or gradient norm is not finite makes
+   no update (counted: `steps/nonfinite_skipped`, `steps/nonfinite_total`): the weights, the
+   version and the engine stay as they were.
 
 Timeline (max_staleness=1, groups_per_step=1, G = group, v = policy version):
 
@@ -34,6 +36,7 @@ Commands:
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -42,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.distributed import FullModelView, broadcast_object, full_state_dict
+from trainer.distributed import FullModelView, broadcast_object
 from trainer.forward import microbatch_logprobs
 from trainer.groups import PreparedGroup
 from trainer.loss import STAT_KEYS, policy_loss
@@ -50,7 +53,9 @@ from trainer.packing import MicroBatch, pack_rows
 from trainer.rows import Row
 from trainer.staleness import apply_staleness
 
-__all__ = ["StepInput", "run_step"]
+__all__ = ["StepInput", "push_weights", "run_step"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,8 +81,8 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
     args, dist_info, state = trainer.args, trainer.dist, trainer.state
     t_start = time.perf_counter()
 
-    # 1. Every rank gets rank 0's rows.
-    inp = broadcast_object(inp, dist_info)
+    # 1. Every rank gets rank 0's rows (on the control group: the others may wait long here).
+    inp = broadcast_object(inp, dist_info, control=True)
     if inp is None:
         return None
 
@@ -105,12 +110,14 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
         for mb in mine:
             t0 = time.perf_counter()
             mb = mb.to(dist_info.device)
-            logp, entropy = microbatch_logprobs(trainer.model, mb, args.temperature)  # [K], [K]
+            logp, entropy = microbatch_logprobs(trainer.model, mb, args.temperature,
+                                                autocast=trainer.autocast_dtype)  # [K], [K]
             ref_logp = None
             if args.beta > 0:
                 with torch.no_grad():
                     ref_logp, _ = microbatch_logprobs(trainer.ref_model, mb, args.temperature,
-                                                      with_entropy=False)  # [K]
+                                                      with_entropy=False,
+                                                      autocast=trainer.autocast_dtype)  # [K]
             loss, stats = policy_loss(
                 logp, mb.behaviour_logprobs, mb.advantages, mb.token_weight,
                 loss_type=args.loss_type, epsilon=args.epsilon, epsilon_high=args.epsilon_high,
@@ -125,8 +132,10 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
                 sums[k] += v
 
         # 5. Add the ranks' sums up, clip, and take ONE optimizer step: version v -> v + 1.
+        #    The sums cross on the process group's device (NCCL has no CPU tensors).
         if dist_info.distributed:
-            packed = torch.tensor([loss_total, *sums.values()], dtype=torch.float64)
+            packed = torch.tensor([loss_total, *sums.values()], dtype=torch.float64,
+                                  device=dist_info.device)
             dist.all_reduce(packed)
             loss_total, *vals = packed.tolist()
             sums = dict(zip(STAT_KEYS, vals, strict=True))
@@ -135,29 +144,38 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
         grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        trainer.optimizer.step()
-        trainer.scheduler.step()
+        grad_norm = float(grad_norm)
+        # Both numbers are the same on every rank (all-reduced), so every rank decides alike.
+        updated = math.isfinite(loss_total) and math.isfinite(grad_norm)
+        if updated:
+            trainer.optimizer.step()
+            trainer.scheduler.step()
+            state.policy_version += 1
+        else:
+            state.nonfinite_steps += 1
+            if dist_info.is_main:
+                log.warning("step %d: loss %r, grad norm %r: not finite, so no update (version "
+                            "stays %d, nothing goes to the engine); %d such step(s) so far",
+                            state.step, loss_total, grad_norm, state.policy_version,
+                            state.nonfinite_steps)
         trainer.optimizer.zero_grad(set_to_none=True)
         t_optim = time.perf_counter() - t0
-        state.policy_version += 1
-        metrics["grad_norm"] = float(grad_norm)
+        metrics["grad_norm"] = grad_norm
         metrics["steps/empty"] = 0.0
     else:
         # Nothing trainable (every group skipped or every token dropped): no update, same version.
+        updated = False
         t_optim = 0.0
         metrics["steps/empty"] = 1.0
+    metrics["steps/nonfinite_skipped"] = float(pack.trainable_tokens > 0 and not updated)
+    metrics["steps/nonfinite_total"] = float(state.nonfinite_steps)
     state.step += 1
 
-    # 6. Weights to the engine (gathered to rank 0 under FSDP), then the version to the proxy.
+    # 6. Weights to the engine (streamed, one parameter at a time), then the version to the proxy.
     t0 = time.perf_counter()
-    if inp.sync and pack.trainable_tokens > 0:
-        if dist_info.distributed:
-            full = full_state_dict(trainer.model, dist_info)
-            if dist_info.is_main:
-                trainer.weight_sync.push(FullModelView(full, trainer.model), state.policy_version)
-        else:
-            trainer.weight_sync.push(trainer.model, state.policy_version)
-    if dist_info.is_main and trainer.on_version is not None and pack.trainable_tokens > 0:
+    if inp.sync and updated:
+        push_weights(trainer, state.policy_version)
+    if dist_info.is_main and trainer.on_version is not None and updated:
         trainer.on_version(state.policy_version)
     t_sync = time.perf_counter() - t0
 
@@ -186,3 +204,18 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
     if args.beta > 0:
         metrics["policy/kl_ref_k3"] = sums["kl_ref"] / n
     return metrics
+
+
+def push_weights(trainer: Any, version: int) -> None:
+    """Every rank: stream the full parameters; rank 0's WeightSync sends them to the engine.
+
+    Rank 0 hands a `FullModelView` to its WeightSync, which reads it parameter by parameter; the
+    other ranks run the same gathers (`finish`). A push that raises on rank 0 propagates: the
+    others are then left in a gather and end with the run (trainer/distributed.py)."""
+    view = FullModelView(trainer.model, trainer.compute_dtype)
+    if trainer.dist.is_main:
+        trainer.weight_sync.push(view, version)
+    unread = view.finish() if trainer.dist.distributed else 0
+    if trainer.dist.is_main and unread:
+        log.warning("the weight sync read %d parameter(s) fewer than the model has; the engine "
+                    "may serve a partial update of version %d", unread, version)

@@ -12,7 +12,8 @@ What "GRPO" means here (everything else in trainer/ feeds this):
    but no truncation, so one token with mu = 1e-6 can carry a weight of 1e5.
 3. Truncated importance sampling (TIS, token level): the ratio entering the objective is
    min(r, C) (value AND gradient scale; `is_cap` = C). With the clip below it only binds where
-   PPO leaves the ratio unbounded: negative advantage, r > 1 + eps_high.
+   PPO leaves the ratio unbounded: negative advantage, r > 1 + eps_high. It is computed in log
+   space, exp(min(log r, log C)), so no log-ratio gives 0/0 or inf/inf (tests at +-120).
 4. Clipped surrogate (`loss_type="tis_clip"`, default): -min(r~ A, clip(r~, 1-eps, 1+eps_h) A)
    with r~ = min(r, C): a token already pushed past the trust region stops pushing.
    `loss_type="tis_pg"`: -sg(min(r, C)) A log pi_theta, plain truncated-IS policy gradient.
@@ -31,6 +32,8 @@ logprobs are (DESIGN.md section 2: `--logprobs-mode processed_logprobs`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -79,9 +82,12 @@ def policy_loss(
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     log_ratio = logp - behaviour_logp  # [K]  log(pi_theta / mu)
-    ratio = torch.exp(log_ratio)  # [K]  r
-    truncation = (ratio.detach().clamp(max=is_cap) / ratio.detach())  # [K]  min(r, C) / r, <= 1
-    trunc_ratio = ratio * truncation  # [K]  r~: value min(r, C), grad min(r, C) grad log pi
+    # r~ = min(r, C) in log space: exp(min(log r, log C) + (log r - sg(log r))). Its value is
+    # min(r, C) and its gradient min(r, C) * grad log pi, and the exponent never exceeds log C.
+    # Forming r = exp(log r) first and then min(r, C) / r is 0/0 once log r < -104 (r underflows)
+    # and inf/inf once log r > 88 (r overflows) in float32: NaN in the loss (issue 16).
+    lr = log_ratio.detach()  # [K]
+    trunc_ratio = torch.exp(lr.clamp(max=math.log(is_cap)) + (log_ratio - lr))  # [K]  r~
     if loss_type == "tis_clip":
         surr = trunc_ratio * advantages  # [K]
         clipped = trunc_ratio.clamp(1 - epsilon, 1 + eps_high) * advantages  # [K]
@@ -99,8 +105,11 @@ def policy_loss(
         per_token = per_token + beta * kl_ref  # [K]
     loss = (per_token * token_weight).sum()  # []  normalised by the precomputed weights
     with torch.no_grad():
-        live = (token_weight > 0).float()  # [K]  0 only in FSDP padding micro-batches
-        r = ratio.detach()  # [K]
+        # Statistics in float64: r = exp(log r) is finite there up to log r = 709, so a token
+        # with log r = +120 reports its true (huge) ratio instead of inf (float32 overflows at 88).
+        live = (token_weight > 0).double()  # [K]  0 only in FSDP padding micro-batches
+        lr64 = lr.double()  # [K]
+        r = lr64.exp()  # [K]  r
         a = advantages  # [K]
         zero = r.new_zeros(())
         sums = torch.stack([  # one device->host copy per micro-batch, in STAT_KEYS order
@@ -109,10 +118,10 @@ def policy_loss(
             (((r < 1 - epsilon) & (a < 0)).float() * live).sum(),
             (((r > 1 + eps_high) & (a > 0)).float() * live).sum(),
             ((r > is_cap).float() * live).sum(),
-            (((r - 1) - log_ratio.detach()) * live).sum(),
-            zero if entropy is None else (entropy * live).sum(),
-            (log_ratio.detach().abs() * live).sum(),
-            zero if kl_ref is None else (kl_ref.detach() * live).sum(),
+            (((r - 1) - lr64) * live).sum(),
+            zero if entropy is None else (entropy.double() * live).sum(),
+            (lr64.abs() * live).sum(),
+            zero if kl_ref is None else (kl_ref.detach().double() * live).sum(),
         ])  # [9]
         stats = dict(zip(STAT_KEYS, sums.tolist(), strict=True))
     return loss, stats

@@ -16,6 +16,8 @@ Three rules, each against a known failure:
    ahead of the trainer (max_staleness=0 is synchronous, on-policy GRPO).
 
 `max_concurrent_rollouts` bounds rollouts in flight (the session factory may bound them too).
+A task that cannot be read from `train_dataset`, or any other error outside a rollout, stops
+the run at once (re-raised from `next_group`) rather than leaving the trainer waiting.
 An exception escaping `source.rollout` that is a CaptureError stops the run (re-raised from
 `next_group`); any other is a bug in the source, recorded as an infra_failure with its error
 and logged with its traceback, never swallowed silently.
@@ -31,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.errors import CaptureError
+from trainer.errors import CaptureError, TrainerError
 from trainer.rollouts import Rollout
 
 __all__ = ["FinishedGroup", "RolloutProducer"]
@@ -113,21 +115,51 @@ class RolloutProducer:
     def _admissible(self) -> bool:
         return self.next_dispatch // self.groups_per_step <= self._steps_done + self.max_staleness
 
+    async def _fail(self, error: BaseException) -> None:
+        """Stop the run: `next_group` raises `error` instead of waiting for a group forever."""
+        async with self._changed:
+            if self._error is None:
+                self._error = error
+            self._changed.notify_all()
+
     async def _dispatch_forever(self) -> None:
-        while True:
-            async with self._changed:
-                await self._changed.wait_for(self._admissible)
-            g = self.next_dispatch
-            self.next_dispatch += 1
-            task = asyncio.create_task(self._run_group(g), name=f"group-{g}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        try:
+            while True:
+                async with self._changed:
+                    await self._changed.wait_for(self._admissible)
+                g = self.next_dispatch
+                self.next_dispatch += 1
+                task = asyncio.create_task(self._run_group(g), name=f"group-{g}")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except Exception as exc:  # a bug here must end the run, not leave it waiting
+            await self._fail(exc)
+            raise
+
+    def _task_of(self, g: int) -> Any:
+        if self.train_dataset is None:
+            return None
+        n = len(self.train_dataset)
+        if n == 0:
+            raise TrainerError("train_dataset is empty (it had tasks when training started): "
+                               f"no task for group {g}")
+        try:
+            return self.train_dataset[g % n]
+        except Exception as exc:
+            raise TrainerError(f"train_dataset[{g % n}] (the task of group {g}) raised "
+                               f"{type(exc).__name__}: {exc}; fix the dataset") from exc
 
     async def _run_group(self, g: int) -> None:
+        try:
+            await self._run_group_checked(g)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failing dataset, or a bug: fail fast, never hang
+            await self._fail(exc)
+
+    async def _run_group_checked(self, g: int) -> None:
         version, t0 = self.version(), time.monotonic()
-        task = None
-        if self.train_dataset is not None:
-            task = self.train_dataset[g % len(self.train_dataset)]
+        task = self._task_of(g)
         results = await asyncio.gather(*(self._one(g, k, task) for k in range(self.num_generations)),
                                        return_exceptions=True)
         group = FinishedGroup(g, list(results), version, t0)

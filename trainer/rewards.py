@@ -11,6 +11,8 @@ reward as is. This module never invents a number:
 - a function that raises, or returns something that is not a finite number (a string, a bool,
   NaN), is a *reward failure*: reported by the function's name, counted
   (`rollouts/cause/reward_failure`, `rewards/<name>/failures`), and the rollout is unscorable.
+  A verifier `env_reward` that is not a finite number is the same failure, named `env_reward`
+  (a NaN reward would otherwise make every advantage of its group NaN).
   One bad reward function must not crash a run that has spent hours on rollouts, and must not
   score a rollout 0 either.
 """
@@ -79,7 +81,14 @@ def _as_number(value: Any) -> float | None:
 def score_rollout(outcome: Any, env_reward: float | None, funcs: list[RewardFunc]) -> RewardResult:
     """Score one rollout. Never raises for a reward function's fault: see the module docstring."""
     if not funcs:
-        return RewardResult(env_reward, {ENV_REWARD: env_reward})
+        if env_reward is None:
+            return RewardResult(None, {ENV_REWARD: None})
+        try:
+            value = _as_number(env_reward)
+        except (TypeError, ValueError) as exc:  # a verifier that wrote NaN, inf or a string
+            log.warning("env_reward %r is not a finite number: rollout unscorable", env_reward)
+            return RewardResult(None, {ENV_REWARD: None}, f"{ENV_REWARD}: {exc}")
+        return RewardResult(value, {ENV_REWARD: value})
     parts: dict[str, float | None] = {}
     total: float | None = 0.0
     for f in funcs:

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,6 +37,7 @@ __all__ = [
     "CAUSES",
     "TRAINABLE_CAUSES",
     "Rollout",
+    "RolloutExecutor",
     "RolloutOutcome",
     "RolloutSource",
     "SessionDriver",
@@ -42,8 +46,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TRAINABLE_CAUSES = frozenset({"ok", "model_failure", "timeout"})
-CAUSES = ("ok", "model_failure", "timeout", "infra_failure", "verifier_failure")
+# `tampered` (harness: the agent kept its grade from being fair) is scored 0.0 in its group.
+TRAINABLE_CAUSES = frozenset({"ok", "model_failure", "timeout", "tampered"})
+CAUSES = ("ok", "model_failure", "timeout", "tampered", "infra_failure", "verifier_failure")
 # Capture errors that mean "the agent never produced a trainable call" rather than a lie in the
 # data: matched by class name because trainer/ does not import capture/ (DESIGN.md section 1).
 _NOTHING_TRAINABLE = {"NothingTrainableError"}
@@ -104,18 +109,88 @@ def _tool_counts(entries: list[dict]) -> tuple[dict[str, int], int]:
     return by_name, failures
 
 
+class RolloutExecutor(Executor):
+    """`max_workers` daemon threads for blocking rollouts, apart from asyncio's default pool.
+
+    Why not `asyncio.to_thread`: the default pool has min(32, CPUs + 4) threads (6 on a 2-core
+    machine) and is shared with the trainer's own short jobs (scoring, rows), so 8 configured
+    concurrent rollouts ran 6 at a time and a step could wait behind an agent. Why daemon
+    threads: a rollout blocked in an agent's run must not keep a failed trainer process alive
+    (ThreadPoolExecutor's threads are joined at exit), or the other ranks would wait for it.
+    """
+
+    def __init__(self, max_workers: int, name: str = "rollout") -> None:
+        if max_workers < 1:
+            raise ValueError(f"max_workers={max_workers}: must be >= 1")
+        self.max_workers = max_workers
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._worker, name=f"{name}-{i}", daemon=True)
+                         for i in range(max_workers)]
+        for t in self._threads:
+            t.start()
+
+    def _worker(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RolloutExecutor is shut down")
+            future: Future = Future()
+            self._work.put((future, fn, args, kwargs))
+            return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                while True:
+                    try:
+                        item = self._work.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        item[0].cancel()
+            for _ in self._threads:
+                self._work.put(None)
+        if wait:
+            for t in self._threads:
+                t.join()
+
+
 class SessionDriver:
-    """Drives an OpenEnv TrainableSession factory as a RolloutSource (sync calls in threads)."""
+    """Drives an OpenEnv TrainableSession factory as a RolloutSource (sync calls in threads).
+
+    Its blocking calls run on a `RolloutExecutor` of `max_concurrent` threads of its own."""
 
     def __init__(self, factory: Any, *, max_concurrent: int, wait_timeout_s: float | None = None):
         self.factory = factory
         self.wait_timeout_s = wait_timeout_s
         self._slots = asyncio.Semaphore(max_concurrent)
+        self.executor = RolloutExecutor(max_concurrent)
 
     async def rollout(self, task: Any = None, seed: int | None = None,
                       episode_id: str | None = None) -> Rollout:
         async with self._slots:
-            return await asyncio.to_thread(self._run, task, seed, episode_id or uuid.uuid4().hex)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, self._run, task, seed,
+                                              episode_id or uuid.uuid4().hex)
+
+    def close(self) -> None:
+        """Stop taking rollouts; ones already running finish on their (daemon) threads."""
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
     def _run(self, task: Any, seed: int | None, episode_id: str) -> Rollout:
         t0 = time.monotonic()
@@ -158,6 +233,9 @@ class SessionDriver:
                 return self._fail(r, "verifier_failure", f"verify failed: {exc!r}", t0)
             env = getattr(verdict, "env_reward", None)
             r.env_reward = None if env is None else float(env)
+            tampered = (getattr(verdict, "metrics", None) or {}).get("tampered")
+            if tampered:  # harness's session scored it 0.0; label it so it counts as such
+                r.cause, r.error = "tampered", "; ".join(map(str, tampered))
             by_name, failures = _tool_counts(entries)
             r.outcome = RolloutOutcome(
                 env_reward=r.env_reward, completion=completion, trace=entries,

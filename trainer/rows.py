@@ -26,6 +26,13 @@ Every token carries the policy version that sampled it: the capture's `weight_ve
 two differ straddled a weight update and is counted). A turn without versions gets the
 trainer's version at dispatch, a lower bound, with a WARN: the engine can only be newer.
 
+A turn whose reply a token limit cut (the capture's `metadata.truncated`, with `truncated_by`:
+"proxy_cap" for the session's max_tokens cap, "agent_max_tokens", "context"; older traces:
+`finish_reason == "length"`) is handled by the `truncated` setting of `trace_to_rows`: "train" it
+like any turn (the tokens are real samples; only the ending is the cap's), "mask" it (its tokens
+stay as context, mask 0), or "drop" the whole rollout (no rows from it). Each is counted:
+`truncated_turn` (WARN, every such turn), `truncated_turn_masked`, `truncated_rollout_dropped`.
+
 Findings are graded as OpenEnv's validate does (FATAL / WARN / INFO, stable snake_case codes
 counted in metrics as `rows/findings/<code>`). A FATAL finding raises CaptureError: a capture
 whose ids, logprobs and mask disagree trains on the wrong tokens without any error, so training
@@ -41,9 +48,11 @@ from typing import Any
 
 from trainer.errors import CaptureError
 
-__all__ = ["FATAL", "INFO", "WARN", "Finding", "Row", "RowsReport", "trace_to_rows"]
+__all__ = ["FATAL", "INFO", "TRUNCATED_POLICIES", "WARN", "Finding", "Row", "RowsReport",
+           "trace_to_rows"]
 
 FATAL, WARN, INFO = "FATAL", "WARN", "INFO"
+TRUNCATED_POLICIES = ("train", "mask", "drop")
 NO_VERSION = -1  # version of a token nobody sampled (prompt context)
 
 
@@ -182,14 +191,20 @@ def _check_turn(turn: Any, index: int, report: RowsReport) -> tuple | None:
         return None
     if not completion:
         report.add(WARN, "no_sampled_ids", f"{tag}: empty completion (kept as context)")
-    if meta.get("finish_reason") == "length":
-        report.add(WARN, "truncated_turn", f"{tag}: stopped on the max_tokens cap; tokens are "
-                   "real, the ending is an artefact of the cap")
+    if _truncated(meta):
+        report.add(WARN, "truncated_turn", f"{tag}: cut by a token limit "
+                   f"({meta.get('truncated_by') or 'finish_reason length'}); tokens are real, "
+                   "the ending is an artefact of the limit")
     comp_mask = list(mask[len(prompt):])
     if completion and not any(comp_mask):
         report.add(INFO, "fully_masked_turn", f"{tag}: all {len(completion)} completion tokens "
                    f"masked (aux={meta.get('aux')}, reason={meta.get('aux_reason')}); kept as context")
     return node, prompt, completion, list(logps), comp_mask, meta
+
+
+def _truncated(meta: dict) -> bool:
+    flag = meta.get("truncated")
+    return flag is True if flag is not None else meta.get("finish_reason") == "length"
 
 
 def _versions(meta: dict, fallback: int, tag: str, report: RowsReport) -> tuple[int, int]:
@@ -208,13 +223,17 @@ def _versions(meta: dict, fallback: int, tag: str, report: RowsReport) -> tuple[
 
 
 def trace_to_rows(
-    trace: Any, *, rollout_id: str = "", group_index: int = -1, dispatch_version: int = 0
+    trace: Any, *, rollout_id: str = "", group_index: int = -1, dispatch_version: int = 0,
+    truncated: str = "train",
 ) -> tuple[list[Row], RowsReport]:
     """Turn one rollout's TrainingTrace (object or its JSON dict) into rows, losslessly.
 
     Raises CaptureError listing every FATAL finding. Rows with no trainable token are returned
     too (their tokens are usage); the packer leaves them out of the forward and counts them.
+    `truncated`: what a turn a token limit cut does (module docstring): "train", "mask", "drop".
     """
+    if truncated not in TRUNCATED_POLICIES:
+        raise ValueError(f"truncated must be one of {TRUNCATED_POLICIES}, got {truncated!r}")
     turns = _get(trace, "turns")
     if turns is None:
         raise CaptureError(f"rollout {rollout_id}: trace has no 'turns'; expected an OpenEnv "
@@ -235,9 +254,18 @@ def trace_to_rows(
             + "\nFix the capture proxy / engine flags; the trace is not trainable as sent.",
             report.fatal,
         )
+    cut = [c[0] for c in checked if _truncated(c[5])]
+    if cut and truncated == "drop":
+        report.add(WARN, "truncated_rollout_dropped", f"rollout {rollout_id}: {len(cut)} turn(s) "
+                   f"cut by a token limit ({', '.join(cut[:5])}); no rows (truncated='drop')")
+        return [], report
     rows: list[Row] = []
     for index, c in enumerate(checked):
         node, prompt, completion, logps, comp_mask, meta = c
+        if truncated == "mask" and _truncated(meta) and any(comp_mask):
+            comp_mask = [0] * len(comp_mask)
+            report.add(INFO, "truncated_turn_masked", f"turn {index} ({node}): cut by a token "
+                       "limit; kept as context (truncated='mask')")
         v0, v1 = _versions(meta, dispatch_version, f"turn {index} ({node})", report)
         # Extend the longest open row that is an exact token prefix of this prompt.
         best: Row | None = None

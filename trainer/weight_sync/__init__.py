@@ -16,11 +16,12 @@ this package first. So this package imports torch, httpx and the stdlib only.
 
 from trainer.weight_sync.client import EngineControlClient
 from trainer.weight_sync.errors import WeightSyncError, WeightSyncPushError, WeightSyncSetupError
-from trainer.weight_sync.source import checkpoint_name
+from trainer.weight_sync.source import FullModelView, checkpoint_name
 from trainer.weight_sync.sync import PauseMode, VLLMWeightSync, WeightSync, choose_backend
 
 __all__ = [
     "EngineControlClient",
+    "FullModelView",
     "PauseMode",
     "VLLMWeightSync",
     "WeightSync",

@@ -11,6 +11,14 @@ Tied weights: `named_parameters()` yields a tied tensor once (under its first na
 `model.embed_tokens.weight`), and vLLM's models skip `lm_head.weight` when tied, as they do when
 loading the checkpoint. Buffers (rotary caches) are not sent: vLLM recomputes its own.
 
+Streaming, never the whole model at once: `iter_full_parameters` gathers ONE parameter, hands it
+on, and only then gathers the next, so the peak is one full tensor on the parameters' device
+(a GPU under NCCL, which is where vLLM's NCCL engine wants it), never a full state dict on the
+CPU. `FullModelView` is the trainer's handle on that stream: rank 0 gives it to its WeightSync,
+the other ranks drain the same gathers in the same order (`finish()`), and a cast to the
+engine's dtype (bf16 master-weight training keeps fp32 parameters) happens on each shard
+before its gather, so half the bytes cross.
+
 What it does not do: rename parameters of adapters (PEFT) or custom architectures. Pass
 `name_map` to `VLLMWeightSync` for those.
 """
@@ -18,12 +26,19 @@ What it does not do: rename parameters of adapters (PEFT) or custom architecture
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from trainer.weight_sync.wire import TensorMeta, dtype_name
 
-__all__ = ["NameMap", "checkpoint_name", "iter_full_parameters", "parameter_metas"]
+__all__ = [
+    "FullModelView",
+    "NameMap",
+    "checkpoint_name",
+    "iter_full_parameters",
+    "parameter_metas",
+]
 
 NameMap = Callable[[str], str]
 
@@ -41,13 +56,18 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return full_tensor() if callable(full_tensor) else tensor
 
 
-def parameter_metas(model: torch.nn.Module, name_map: NameMap | None = None) -> list[TensorMeta]:
-    """Name, dtype and full shape of each parameter, without gathering (DTensor shapes are global)."""
+def parameter_metas(model: Any, name_map: NameMap | None = None) -> list[TensorMeta]:
+    """Name, dtype and full shape of each parameter, without gathering (DTensor shapes are global).
+
+    A `FullModelView` describes itself (its stream can be read only once, and its dtype is the
+    cast one)."""
     rename = name_map or checkpoint_name
-    return [
-        TensorMeta(rename(name), dtype_name(param.dtype), tuple(param.shape))
-        for name, param in model.named_parameters()
-    ]
+    describe = getattr(model, "describe_parameters", None)
+    if callable(describe):
+        items = describe()
+    else:
+        items = [(name, p.dtype, tuple(p.shape)) for name, p in model.named_parameters()]
+    return [TensorMeta(rename(name), dtype_name(dtype), tuple(shape)) for name, dtype, shape in items]
 
 
 def iter_full_parameters(
@@ -58,3 +78,66 @@ def iter_full_parameters(
     with torch.no_grad():
         for name, param in model.named_parameters():
             yield rename(name), _full(param.detach())
+
+
+class FullModelView:
+    """The trainer's model as a WeightSync sees it: full parameters, streamed one at a time.
+
+    `named_parameters()` yields `(name, full tensor)` in the model's order; under FSDP2 each
+    element is a gather (`DTensor.full_tensor()`, a collective), so the stream can be read ONCE
+    per push, and every rank must run the same gathers: rank 0 hands the view to its WeightSync,
+    the other ranks call `finish()`, which drains what was not read. `describe_parameters()` gives
+    names, dtypes and shapes without gathering. `dtype` (e.g. bfloat16 for an engine serving
+    bf16 while the trainer keeps fp32 master weights) casts each shard before its gather.
+
+    It has no `state_dict()`: that would hold every tensor at once.
+    """
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+        self.model = model
+        self.dtype = dtype
+        self.config = getattr(model, "config", None)
+        self._stream: Iterator[tuple[str, torch.Tensor]] | None = None
+        self.read = 0  # parameters handed out so far (by the stream or by finish())
+
+    def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.dtype is not None and tensor.is_floating_point() and tensor.dtype != self.dtype:
+            return tensor.to(self.dtype)  # on the shard: a DTensor stays sharded
+        return tensor
+
+    def describe_parameters(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        out = []
+        for name, p in self.model.named_parameters():
+            dtype = self.dtype if self.dtype is not None and p.is_floating_point() else p.dtype
+            out.append((name, dtype, tuple(p.shape)))
+        return out
+
+    def _gather(self) -> Iterator[tuple[str, torch.Tensor]]:
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                full = _full(self._cast(param.detach()))
+                self.read += 1
+                yield name, full
+                del full  # the caller has consumed it: only one full tensor alive at a time
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._stream is not None:
+            raise RuntimeError(
+                "FullModelView.named_parameters() can be read once per push: each element is a "
+                "collective gather that every rank runs once. Keep what you need from the first "
+                "pass (use describe_parameters() for names, dtypes and shapes)."
+            )
+        self._stream = self._gather()
+        return self._stream
+
+    def parameters(self) -> Iterator[torch.Tensor]:
+        for _, tensor in self.named_parameters():
+            yield tensor
+
+    def finish(self) -> int:
+        """Run the gathers nobody read (all of them on ranks other than 0); returns how many."""
+        stream = self._stream if self._stream is not None else self.named_parameters()
+        before = self.read
+        for _ in stream:
+            pass
+        return self.read - before

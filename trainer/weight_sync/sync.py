@@ -28,8 +28,9 @@ arrive, so there a failure inside `/update_weights` leaves a partial model (rest
 
 Multi-process trainers (torchrun + FSDP2): call `push` on every rank with the sharded model and
 the ranks gather full tensors together (DTensor.full_tensor, a collective) while rank 0 sends; or
-gather yourself and call `push` on rank 0 only with full tensors (trainer.distributed does the
-latter). Calling it on rank 0 alone with a sharded model deadlocks in the gather.
+call `push` on rank 0 only with a `FullModelView` while the other ranks drain the same view
+(trainer/loop.py does the latter). Either way one full parameter at a time exists, on the
+parameters' device. Calling it on rank 0 alone with a sharded model deadlocks in the gather.
 """
 
 from __future__ import annotations

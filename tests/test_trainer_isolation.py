@@ -1,0 +1,110 @@
+"""The trainer side imports nothing from openenv or harbor, so it can live with vLLM.
+
+vLLM's NCCL weight sync runs vLLM's trainer-side engine inside the trainer process, and vllm 0.32
+cannot share an environment with openenv 0.10 (mcp pins). So: no module of trainer/ imports
+openenv, harbor, harness or capture, not even lazily (checked on the source); importing all of
+it in the project venv, which has openenv and harbor, pulls neither in; and in the ENGINE venv
+(vLLM, no openenv, no harbor) the trainer, its weight-sync modules and vLLM's weight-transfer
+modules import together and the trainer takes a step.
+
+Run: .venv/bin/python -m pytest tests/test_trainer_isolation.py -q
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launchers.paths import REPO_ROOT, SetupMissingError, engine_python
+
+FORBIDDEN = ("openenv", "harbor", "harness", "capture")
+TRAINER_MODULES = sorted(
+    ".".join(p.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__")
+    for p in (REPO_ROOT / "trainer").rglob("*.py")
+    # the vLLM plugin's engine side imports vLLM at module level: it only loads inside vLLM
+    if p.name != "gloo_engine.py"
+)
+
+IMPORT_ALL = """
+import json, sys
+for name in sys.argv[1].split(","):
+    __import__(name)
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+"""
+
+ENGINE_VENV = """
+import json, random, sys, tempfile
+for name in sys.argv[1].split(","):
+    __import__(name)
+# vLLM's trainer-side NCCL engine, as trainer/weight_sync/nccl.py reaches it
+from trainer.weight_sync.nccl import _import_vllm_nccl
+_import_vllm_nccl()
+import vllm.distributed.weight_transfer.nccl_engine, vllm.distributed.weight_transfer.packed_tensor
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from trainer.config import AsyncGRPOConfig
+from trainer.fakes import ReplaySource, synthetic_trace
+from trainer.grpo import HarnessAsyncGRPOTrainer
+
+torch.manual_seed(0)
+model = Qwen3ForCausalLM(Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128,
+                                     num_hidden_layers=2, num_attention_heads=2,
+                                     num_key_value_heads=1, head_dim=32))
+source = ReplaySource(lambda s, k: synthetic_trace(random.Random(k), vocab=500),
+                      lambda s, k: float(k % 2))
+args = AsyncGRPOConfig(num_generations=2, max_steps=1, output_dir=tempfile.mkdtemp(),
+                       report_to="none")
+history = HarnessAsyncGRPOTrainer(model, lambda sampling: source, args).train()
+print(json.dumps({"modules": sorted({m.split(".")[0] for m in sys.modules}),
+                  "version": history[-1]["version"]}))
+"""
+
+
+def _imports_of(path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):  # every import, also those inside functions (lazy ones)
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_trainer_module_imports_openenv_harbor_harness_or_capture_even_lazily():
+    offenders = {
+        str(p.relative_to(REPO_ROOT)): sorted(_imports_of(p) & set(FORBIDDEN))
+        for p in (REPO_ROOT / "trainer").rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_importing_all_of_trainer_in_the_project_venv_pulls_in_neither_openenv_nor_harbor():
+    # This venv HAS openenv and harbor: a transitive import (a dependency's) would show here.
+    out = subprocess.run([sys.executable, "-c", IMPORT_ALL, ",".join(TRAINER_MODULES)],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = set(json.loads(out.stdout.splitlines()[-1]))
+    assert "torch" in loaded and "trainer" in loaded
+    assert loaded.isdisjoint(FORBIDDEN)
+
+
+def test_the_trainer_and_vllms_weight_transfer_import_together_in_the_engine_venv_and_step():
+    try:
+        python = engine_python()
+    except SetupMissingError as exc:
+        pytest.skip(f"no engine venv (the one with vLLM): {exc}")
+    out = subprocess.run([str(python), "-c", ENGINE_VENV, ",".join(TRAINER_MODULES)],
+                         capture_output=True, text=True, timeout=400,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert "vllm" in result["modules"] and "trainer" in result["modules"]
+    assert set(result["modules"]).isdisjoint(FORBIDDEN)
+    assert result["version"] == 1.0  # one real update, in the environment vLLM lives in
