@@ -1,8 +1,10 @@
 """The settings of one `python -m harness.train` / `harness.eval` run: flags, YAML, validation.
 
 One typed dataclass holds every setting a run reads; `--config file.yaml` fills it and flags
-override the file (a flag the user typed always wins; a flag left at its default does not
-overwrite the file). `validate()` returns every problem at once, each naming the flag and the
+override the file (a flag the user typed always wins, even when it equals the default; a flag not
+typed does not overwrite the file). File values are held to the same types as the flags, read
+from the dataclass's annotations: `steps: 2.5` is an error, not a float that reaches the trainer.
+`preflight()` (harness/preflight.py) returns every problem at once, each naming the flag and the
 fix, and `harness.train` calls it before any process starts: vLLM takes ~25-40 s to start on
 CPU, and a run that would fail on its reward function should say so before that, not after.
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import importlib.util
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,8 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "qui
            "settings_from_args"]
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
+TRAIN_ONLY = frozenset({"groups_per_step", "steps", "learning_rate", "resume", "weight_sync",
+                        "reward_fn", "reward_funcs", "report_to"})
 
 
 class SettingsError(ValueError):
@@ -123,7 +129,8 @@ def parse_reward_funcs(specs: list[str]) -> list[tuple[str, Any, float]]:
 def _help(name: str) -> str:
     return {
         "harness": f"agent to train: {', '.join(HARNESSES)}",
-        "model": "HF model dir or hub id (default: the tiny model, built locally)",
+        "model": "HF model dir, or hub id org/name[@revision] (downloaded once, same commit for "
+                 "engine and trainer; default: the tiny model, built locally)",
         "tasks": "Harbor tasks: 'bundled', a folder, registry:name@version, or hf:org/repo",
         "task_count": "use only the first N tasks",
         "sandbox": "where rollouts run: local (bubblewrap), docker, e2b, daytona, modal, podman",
@@ -155,53 +162,136 @@ def _help(name: str) -> str:
     }[name]
 
 
+def _field_kinds() -> dict[str, tuple[type, bool]]:
+    """Each setting's (base type, may be None), read from RunSettings' annotations.
+
+    One source for both the flags' `type=` and the YAML check, so a file value and a flag are
+    held to the same type. `list[str]` settings are repeatable flags (kind `list`).
+    """
+    kinds = {}
+    for name, hint in typing.get_type_hints(RunSettings).items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = type(None) in typing.get_args(hint)
+        base = typing.get_origin(hint) or hint
+        if optional:
+            base = typing.get_origin(args[0]) or args[0]
+        kinds[name] = (base, optional)
+    return kinds
+
+
 def build_parser(prog: str, description: str, *, eval_mode: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", help="YAML file of settings (flags override it)")
     defaults = RunSettings()
-    train_only = {"groups_per_step", "steps", "learning_rate", "resume", "weight_sync",
-                  "reward_fn", "reward_funcs", "report_to"}
+    kinds = _field_kinds()
     for f in dataclasses.fields(RunSettings):
-        if eval_mode and f.name in train_only:
+        if eval_mode and f.name in TRAIN_ONLY:
             continue
         if not eval_mode and f.name == "rollouts_per_task":
             continue
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
+        kind, _ = kinds[f.name]
         if f.name == "harness":
             parser.add_argument(flag, choices=HARNESSES, default=default, help=_help(f.name))
-        elif isinstance(default, bool):
+        elif kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
                                 help=_help(f.name))
-        elif isinstance(default, list):
+        elif kind is list:
             parser.add_argument(flag, action="append", default=None, help=_help(f.name))
         else:
-            kind = type(default) if default is not None else (int if f.name in ("task_count", "engine_port") else str)
             parser.add_argument(flag, type=kind, default=default, help=_help(f.name))
     return parser
 
 
+class _Untyped:
+    """Marks a flag the user did not type (argparse leaves a namespace's existing values alone)."""
+
+    def __repr__(self) -> str:
+        return "<untyped>"
+
+
+_UNTYPED = _Untyped()
+
+
+def _typed_value(name: str, value: Any, kinds: dict[str, tuple[type, bool]]) -> tuple[Any, str | None]:
+    """`value` from the YAML file converted to the setting's type, or a problem naming both.
+
+    A string converts the way the flag would parse it (so `learning_rate: 1e-6`, which YAML 1.1
+    reads as a string, is the float 1e-06); other mismatches are errors, not guesses: `steps: 2.5`
+    or `steps: true` would otherwise reach the trainer as a float or a bool.
+    """
+    kind, optional = kinds[name]
+    flag = "--" + name.replace("_", "-")
+    if value is None:
+        return (None, None) if optional else (None, f"{name}: expected {kind.__name__} "
+                                                     f"(like {flag}), got null")
+    if kind is list:
+        items = value if isinstance(value, list) else [value]
+        if all(isinstance(v, str) for v in items):
+            return list(items), None
+        return None, f"{name}: expected a list of strings (like repeated {flag}), got {value!r}"
+    if kind is bool:
+        if isinstance(value, bool):
+            return value, None
+        return None, f"{name}: expected true or false (like {flag}/--no-{flag[2:]}), got {value!r}"
+    if isinstance(value, bool):  # bool is an int to Python, never to a setting
+        return None, f"{name}: expected {kind.__name__} (like {flag}), got the boolean {value!r}"
+    if kind is float and isinstance(value, int):
+        return float(value), None
+    if isinstance(value, kind):
+        return value, None
+    if isinstance(value, str):
+        try:
+            return kind(value), None
+        except ValueError:
+            pass
+    return None, f"{name}: expected {kind.__name__} (like {flag}), got {value!r}"
+
+
 def settings_from_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> RunSettings:
-    """Defaults, then the YAML file, then only the flags the user actually typed."""
-    args = parser.parse_args(argv)
-    typed = {k for k, v in vars(args).items() if v != parser.get_default(k)}
+    """Defaults, then the YAML file, then every flag the user typed, even one equal to its default.
+
+    Which flags were typed is read from argparse itself: it only fills a namespace attribute that
+    is missing, so a namespace pre-filled with a marker keeps the marker for every untyped flag.
+    (Comparing values with the defaults instead loses `--steps 3` against `steps: 5` in a file.)
+    """
+    kinds = _field_kinds()
+    # Repeatable flags append to what the namespace holds, so theirs start empty (None), which
+    # only a typed flag changes.
+    marked = argparse.Namespace(config=_UNTYPED, **{
+        name: None if kind is list else _UNTYPED for name, (kind, _) in kinds.items()})
+    args = parser.parse_args(argv, namespace=marked)
+    typed = {k: v for k, v in vars(args).items()
+             if v is not _UNTYPED and not (v is None and kinds.get(k, (None,))[0] is list)}
     values: dict[str, Any] = {}
-    known = {f.name for f in dataclasses.fields(RunSettings)}
-    if args.config:
-        path = Path(args.config)
+    if typed.get("config"):
+        path = Path(typed["config"])
         if not path.exists():
             raise SettingsError([f"--config {path}: no such file"])
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise SettingsError([f"--config {path}: not valid YAML ({exc})"]) from exc
         if not isinstance(loaded, dict):
             raise SettingsError([f"--config {path}: expected a mapping of settings"])
-        unknown = sorted(set(k.replace("-", "_") for k in loaded) - known)
+        problems = []
+        unknown = sorted(str(k) for k in loaded if str(k).replace("-", "_") not in kinds)
         if unknown:
-            raise SettingsError([f"--config {path}: unknown settings {', '.join(unknown)} "
-                                 f"(known: {', '.join(sorted(known))})"])
-        values.update({k.replace("-", "_"): v for k, v in loaded.items()})
-    for key in typed - {"config"}:
-        values[key] = getattr(args, key)
+            problems.append(f"unknown settings {', '.join(unknown)} (known: {', '.join(sorted(kinds))})")
+        for key, value in loaded.items():
+            name = str(key).replace("-", "_")
+            if name in kinds:
+                converted, problem = _typed_value(name, value, kinds)
+                if problem:
+                    problems.append(problem)
+                else:
+                    values[name] = converted
+        if problems:
+            raise SettingsError([f"--config {path}: {p}" for p in problems])
+    typed.pop("config", None)
+    values.update(typed)
     settings = RunSettings(**values)
     if settings.reward_funcs is None:
         settings.reward_funcs = []

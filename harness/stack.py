@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 from capture.server import CaptureServer
-from harness.run_config import RunSettings
+from harness.run_config import RunSettings, SettingsError
 from launchers.engine import Engine, gpu_available
+from launchers.models import ModelError, ResolvedModel, resolve_model
 
 __all__ = ["RunStack"]
 
@@ -38,6 +39,7 @@ class RunStack:
         self.weight_transfer = weight_transfer
         self.weight_backend: str | None = None
         self.backend_reason = ""
+        self.model: ResolvedModel | None = None
         self.model_path: Path | None = None
         self.engine: Engine | None = None
         self.engine_url = settings.engine_url.rstrip("/") if settings.engine_url else None
@@ -67,12 +69,14 @@ class RunStack:
     def _start(self) -> None:
         s = self.settings
         t0 = time.perf_counter()
-        if s.model is None:
-            from launchers.tiny_model import build_tiny_model
-
-            self.model_path = build_tiny_model(seed=s.seed)
-        else:
-            self.model_path = Path(s.model).expanduser() if Path(s.model).expanduser().exists() else Path(s.model)
+        # One local directory for the engine and the trainer: a hub id is downloaded here, once,
+        # at one commit (launchers/models.py), so both load the same revision.
+        try:
+            self.model = resolve_model(s.model)
+        except ModelError as exc:  # a settings problem to train/eval: reported, exit code 2
+            raise SettingsError([str(exc)]) from exc
+        self.model_path = self.model.path
+        log.info("model: %s", self.model.describe())
         self.timings["model_s"] = time.perf_counter() - t0
         self._choose_weight_backend()
         log.info("weight sync: %s", self.backend_reason)

@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -42,7 +43,7 @@ from harness.run_config import (
 from harness.run_records import RecordingFactory, summary_tables
 from harness.stack import RunStack
 
-__all__ = ["main", "run_training"]
+__all__ = ["main", "run_training", "weight_links"]
 
 log = logging.getLogger("harness.train")
 HARNESS_NAMES = {"opencode": "opencode", "claude-code": "claude-code", "codex": "codex",
@@ -58,7 +59,7 @@ def _factory_fn(settings: RunSettings, stack: RunStack, run_dir: Path):
 
     def make(sampling: dict) -> RecordingFactory:
         factory = HarborSessionFactory(
-            stack.proxy.url, admin_key=stack.proxy.admin_key, split=tasks,
+            stack.proxy.admin_url, admin_key=stack.proxy.admin_key, split=tasks,
             harness=HARNESS_NAMES[settings.harness], sandbox=settings.sandbox,
             llm_url=stack.engine_url, model=settings.served_model_name, sampling=sampling,
             max_concurrent_rollouts=settings.max_concurrent_rollouts,
@@ -88,10 +89,13 @@ def _reward_choice(settings: RunSettings) -> tuple[str | None, str]:
 
 def _follow(settings: RunSettings) -> dict:
     """A torchrun rank other than 0: no services, no rollouts; it steps with rank 0's batches."""
-    from launchers.tiny_model import build_tiny_model
+    from launchers.models import resolve_model
     from trainer.grpo import HarnessAsyncGRPOTrainer
 
-    model = settings.model or str(build_tiny_model(seed=settings.seed))
+    # The same resolution as rank 0's (a hub id hits the cache rank 0 filled; pin a commit with
+    # org/name@sha, or pass a snapshot directory as launchers/hf_jobs.py does, to rule out a
+    # push landing between the ranks' lookups).
+    model = str(resolve_model(settings.model).path)
     trainer = HarnessAsyncGRPOTrainer(model=model, harness_session_factory=_no_rollouts,
                                       args=settings.trainer_config())
     trainer.train()
@@ -101,6 +105,23 @@ def _follow(settings: RunSettings) -> dict:
 def _no_rollouts(sampling: dict) -> None:
     """Followers never run rollouts: rank 0 owns sessions (trainer.grpo)."""
     return None
+
+
+def weight_links(engine_url: str, backend: str | None, capture: Any) -> dict[str, Any]:
+    """The trainer's `weight_sync` and `on_version` for this run.
+
+    The capture proxy stamps every engine call with the version it was last told, and the trainer
+    trusts that stamp for staleness and the IS correction. So the proxy hears a version only from
+    the weight sync, after the engine confirmed it serves it. With --no-weight-sync (backend None)
+    the engine keeps serving version 0 and the proxy is never told otherwise: the rows then show
+    their true lag, counted under staleness/* and corrected or dropped (trainer/staleness.py).
+    """
+    if backend is None:
+        return {"weight_sync": None, "on_version": None}
+    from trainer.weight_sync import VLLMWeightSync
+
+    sync = VLLMWeightSync(engine_url, backend, on_version=capture.set_weight_version)
+    return {"weight_sync": sync, "on_version": None}
 
 
 def run_training(settings: RunSettings, console: Console | None = None) -> dict:
@@ -114,12 +135,12 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
     run_dir = Path(settings.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "settings.json").write_text(json.dumps(vars(settings), indent=1, default=str))
+    console.print(f"[bold]view[/] python -m harness.view {run_dir}  (live while it runs)")
     timings: dict[str, float] = {}
     t_run = time.perf_counter()
 
     from trainer.grpo import HarnessAsyncGRPOTrainer
     from trainer.rewards import RewardFunc
-    from trainer.weight_sync import VLLMWeightSync
 
     with RunStack(settings, run_dir, weight_transfer=settings.weight_sync) as stack:
         timings.update(stack.timings)
@@ -127,11 +148,9 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
                       f"[bold]model[/] {stack.model_path}  [bold]weight sync[/] {stack.backend_reason}")
         from capture.client import CaptureClient
 
-        capture = CaptureClient(stack.proxy.url, stack.proxy.admin_key)
-        weight_sync = None
-        if stack.weight_backend is not None:
-            weight_sync = VLLMWeightSync(stack.engine_url, stack.weight_backend,
-                                         on_version=capture.set_weight_version)
+        capture = CaptureClient(stack.proxy.admin_url, stack.proxy.admin_key)
+        links = weight_links(stack.engine_url, stack.weight_backend, capture)
+        weight_sync = links["weight_sync"]
         reward_spec, why = _reward_choice(settings)
         console.print(f"[bold]reward[/] {why}")
         reward_fn = load_callable(reward_spec) if reward_spec else None
@@ -148,8 +167,7 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         trainer = HarnessAsyncGRPOTrainer(
             model=str(stack.model_path), harness_session_factory=factory,
             args=settings.trainer_config(), rollout_reward_fn=reward_fn, reward_funcs=reward_funcs,
-            weight_sync=weight_sync,
-            on_version=None if weight_sync is not None else capture.set_weight_version,
+            **links,
         )
         timings["trainer_setup_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -18,6 +18,9 @@ server gets PR_SET_PDEATHSIG, and a reaper (launchers/reaper.py) kills the group
 engine-core process survives its API server's death. The log streams to a
 file, never to our terminal; errors quote its tail.
 
+Models: a hub id is downloaded once by launchers.models and served from its local snapshot;
+HF_HUB_OFFLINE=1 is set for the engine only when the model is a local directory.
+
 Errors name the fix: a busy port, a missing engine venv (./setup.sh installs it), a model whose
 head_dim the CPU attention backend rejects (vLLM would only fail at the first request).
 """
@@ -206,8 +209,12 @@ class Engine:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        if self.model_path.is_dir():
+            # A local model (the tiny one, a hub snapshot resolved by launchers.models): nothing
+            # to fetch, so no hub call may slow or break the start. A hub id is left to vLLM's
+            # own download, with whatever HF_HUB_OFFLINE the caller has.
+            env["HF_HUB_OFFLINE"] = "1"
         env.update({
-            "HF_HUB_OFFLINE": "1",
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
@@ -321,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m launchers.engine`: run one engine in the foreground until Ctrl-C or SIGTERM."""
     import argparse
 
-    from launchers.tiny_model import build_tiny_model
+    from launchers.models import ModelError, resolve_model
 
     parser = argparse.ArgumentParser(prog="python -m launchers.engine", description=main.__doc__)
     parser.add_argument("--model", help="HF model dir or hub id (default: the tiny model)")
@@ -333,7 +340,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=32768)
     parser.add_argument("--log", help="log file (default: a temp file)")
     args, extra = parser.parse_known_args(argv)
-    engine = Engine(args.model or build_tiny_model(), host=args.host, port=args.port,
+    try:
+        model = resolve_model(args.model)  # a hub id is downloaded once, here, then served locally
+    except ModelError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    engine = Engine(model.path, host=args.host, port=args.port,
                     served_model_name=args.served_model_name,
                     weight_transfer_backend=args.weight_transfer_backend,
                     max_model_len=args.max_model_len, log_path=args.log, extra_args=extra)

@@ -1,33 +1,51 @@
 # /// script
 # requires-python = ">=3.12"
-# dependencies = ["huggingface_hub>=1.0", "httpx>=0.27"]
+# dependencies = ["huggingface_hub>=2.4", "httpx>=0.27"]
 # ///
 """Run `harness.train` on rented GPUs with Hugging Face Jobs (or locally with --local).
 
-Submit (from a checkout, with `hf auth login` done and E2B_API_KEY exported):
+Submit (from a checkout, logged in with `hf auth login`, E2B_API_KEY exported):
 
-    uv run launchers/hf_jobs.py --flavor h100x4 --timeout 6h -- --harness opencode \\
+    uv run launchers/hf_jobs.py --flavor h200x4 --timeout 6h -- --harness opencode \\
         --model Qwen/Qwen3-4B --tasks registry:terminal-bench@2.0 --steps 200
-    uv run launchers/hf_jobs.py --dry-run -- --harness codex      # print the job spec and commands
+    uv run launchers/hf_jobs.py --dry-run -- --harness codex    # print the job and the commands
 
-What the job does (this same file, run inside the job with --inside):
+How a job is built (huggingface_hub's `HfApi.run_job`, the same call `hf jobs run` makes):
 
-    GPU 0           vLLM (launchers.engine, NCCL weight-transfer backend), health-checked
-    this host       the capture proxy on 0.0.0.0:PROXY_PORT, exposed with `--expose-public` so
-                    E2B sandboxes reach it at https://<job id>--<port>.hf.jobs
-    GPUs 1..N-1     the trainer: torchrun --nproc-per-node N-1 -m harness.train --engine-url ...
-                    (FSDP2; rank 0 runs the rollouts and pushes weights to vLLM over NCCL)
+    code     the checkout's files (git ls-files: tracked + untracked, not ignored) as one
+             tar.gz, uploaded to the bucket <you>/harness-jobs (`create_bucket`,
+             `batch_bucket_files`) and mounted read-only at /harness-code; the job unpacks
+             it into /tmp/harness, a writable copy where setup.sh, venvs and runs/ live
+    image    ghcr.io/astral-sh/uv:python3.12-bookworm (huggingface_hub's uv image: Python 3.12,
+             uv, apt); the job installs bubblewrap/nodejs/npm with apt, then runs ./setup.sh,
+             which builds the GPU engine venv where nvidia-smi works
+    flavor   one of huggingface_hub's JobHardware values (checked before anything is sent)
+    secrets  HF_TOKEN (your saved login or $HF_TOKEN: gated models, the code bucket) and
+             E2B_API_KEY (the sandboxes)
+    ports    only the capture proxy's agent port is published, without authentication
+             (expose_public), so E2B sandboxes reach it with their session secret alone. The
+             proxy binds it on 0.0.0.0 and then serves its admin routes on a separate
+             127.0.0.1 listener only (capture/server.py): they never leave the node
+
+What the job then runs (this same file, with --inside):
+
+    model        a hub --model is downloaded once (launchers.models) and both processes get
+                 the local snapshot: the same commit for the engine and the trainer
+    GPU 0        vLLM (launchers.engine, NCCL weight-transfer backend), health-checked
+    GPUs 1..N-1  the trainer: <venv python> -m torch.distributed.run --nproc-per-node N-1
+                 -m harness.train --engine-url ... (FSDP2; rank 0 runs the rollouts and the
+                 capture proxy on 0.0.0.0:8100, published as https://<job id>--8100.hf.jobs,
+                 and pushes weights to vLLM over NCCL); the launcher watches that public URL
+                 answer the proxy's /health and stops the job with the fix if it never does
 
 and stops everything it started, in reverse order, when the trainer exits or the job is stopped.
-The checkout is shipped as a job volume (hf jobs syncs a local directory to a bucket), and the
-job runs ./setup.sh there, which builds the GPU engine venv where nvidia-smi works.
+`--local` runs the same orchestration on this machine (CPU: engine on the CPU, one trainer
+process, local bubblewrap sandboxes, the proxy on loopback), which is how the tests check it.
 
-`--local` runs the same orchestration on this machine (CPU: engine on the CPU, the trainer as a
-single process, local bubblewrap sandboxes), which is how the tests check it.
-
-Assumption to know about: the public URL of an exposed port is taken as
-https://$JOB_ID--PORT.hf.jobs (the format huggingface_hub documents for JobInfo.endpoints); pass
---proxy-public-url to override it, e.g. when the job runs behind something else.
+Assumption to know about: the public URL is taken as https://$JOB_ID--8100.hf.jobs, the format
+huggingface_hub documents for JobInfo.expose_urls, with JOB_ID read from the job's environment.
+Neither the variable nor the format could be checked from here, which is why the launcher
+watches the URL reach the proxy and stops the job, naming --proxy-public-url, if it never does.
 """
 
 from __future__ import annotations
@@ -35,47 +53,217 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
+import tempfile
+import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_PORT = 8000
-PROXY_PORT = 8100
-DEFAULT_FLAVOR = "h100x4"
+PROXY_PORT = 8100  # the capture proxy's agent routes, published (expose_public)
+PUBLIC_URL_DEADLINE_S = 1800.0  # the proxy starts after the engine and the model load
+DEFAULT_FLAVOR = "h200x4"
+DEFAULT_IMAGE = "ghcr.io/astral-sh/uv:python3.12-bookworm"
+CODE_BUCKET = "harness-jobs"
+CODE_MOUNT = "/harness-code"
+CODE_ARCHIVE = "harness.tar.gz"
+JOB_WORKDIR = "/tmp/harness"
+SECRET_NAMES = ("HF_TOKEN", "E2B_API_KEY")
+# The job's first command: unpack the code into a writable dir and hand over to this file. The
+# train args arrive as "$@" (bash -c SCRIPT NAME ARGS...), so no quoting is rebuilt by hand.
+BOOTSTRAP = (
+    f"set -euo pipefail; rm -rf {JOB_WORKDIR}; mkdir -p {JOB_WORKDIR}; "
+    f"tar -xzf {CODE_MOUNT}/{CODE_ARCHIVE} -C {JOB_WORKDIR}; cd {JOB_WORKDIR}; "
+    'exec uv run --script launchers/hf_jobs.py --inside -- "$@"'
+)
+# What the job image lacks for ./setup.sh (bubblewrap: step 1; npm: the agent CLIs).
+APT_PACKAGES = ("bubblewrap", "nodejs", "npm", "git")
 
+
+class LaunchError(SystemExit):
+    """A launch cannot go ahead; the message says why and what to do (exit code 2)."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def job_flavors() -> list[str]:
+    """huggingface_hub's own list of Job flavors (JobHardware)."""
+    from huggingface_hub import JobHardware
+
+    return [flavor.value for flavor in JobHardware]
+
+
+def check_flavor(flavor: str) -> str:
+    valid = job_flavors()
+    if flavor in valid:
+        return flavor
+    gpus = [f for f in valid if not f.startswith("cpu")]
+    raise LaunchError(f"--flavor {flavor!r} is not an HF Jobs flavor of this huggingface_hub. "
+                      f"GPU flavors: {', '.join(gpus)}; all: {', '.join(valid)}")
+
+
+# -- submitting (this machine) ----------------------------------------------------------------------
+
+def code_files(repo: Path) -> list[str]:
+    """The checkout's files: tracked plus untracked-but-not-ignored (venvs, caches, runs/ stay)."""
+    out = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others",
+                          "--exclude-standard"], capture_output=True, check=False)
+    if out.returncode != 0:
+        raise LaunchError(f"{repo} is not a git checkout (git ls-files failed: "
+                          f"{out.stderr.decode().strip()}); run from a clone of the repo")
+    return sorted(f for f in out.stdout.decode().split("\0") if f and (repo / f).is_file())
+
+
+def code_archive(repo: Path, dest: Path) -> Path:
+    """`dest`: a tar.gz of code_files(repo), with paths relative to the repo root."""
+    with tarfile.open(dest, "w:gz") as tar:
+        for name in code_files(repo):
+            tar.add(repo / name, arcname=name)
+    return dest
+
+
+def ship_code(api, namespace: str, repo: Path):  # -> huggingface_hub.Volume
+    """Upload the code archive to <namespace>/harness-jobs and return its read-only Volume."""
+    from huggingface_hub import Volume
+
+    bucket = f"{namespace}/{CODE_BUCKET}"
+    folder = f"code/{datetime.now(UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+    with tempfile.TemporaryDirectory(prefix="harness-code-") as tmp:
+        archive = code_archive(repo, Path(tmp) / CODE_ARCHIVE)
+        api.create_bucket(bucket, exist_ok=True, private=True)
+        api.batch_bucket_files(bucket, add=[(archive, f"{folder}/{CODE_ARCHIVE}")])
+    return Volume(type="bucket", source=bucket, mount_path=CODE_MOUNT, path=folder, read_only=True)
+
+
+def code_volume_from(spec: str):  # -> huggingface_hub.Volume
+    """`--code-from NAMESPACE/BUCKET/FOLDER`: reuse an archive a previous submit uploaded."""
+    from huggingface_hub import Volume
+
+    parts = spec.strip("/").split("/", 2)
+    if len(parts) != 3:
+        raise LaunchError(f"--code-from {spec!r}: expected NAMESPACE/BUCKET/FOLDER (printed by an "
+                          "earlier submit)")
+    return Volume(type="bucket", source=f"{parts[0]}/{parts[1]}", mount_path=CODE_MOUNT,
+                  path=parts[2], read_only=True)
+
+
+def job_request(args: argparse.Namespace, train_args: list[str], code_volume) -> dict:
+    """The keyword arguments of `HfApi.run_job`, minus the secrets' values."""
+    return {
+        "image": args.image,
+        "command": ["bash", "-c", BOOTSTRAP, "harness-job", *train_args],
+        "env": {"PYTHONUNBUFFERED": "1"},
+        "flavor": args.flavor,
+        "timeout": args.timeout,
+        "volumes": [code_volume],
+        "expose_public": [PROXY_PORT],
+        "labels": {"app": "harness"},
+    }
+
+
+def job_secrets() -> dict[str, str]:
+    from huggingface_hub import get_token
+
+    values = {"HF_TOKEN": get_token(), "E2B_API_KEY": os.environ.get("E2B_API_KEY")}
+    missing = [name for name, value in values.items() if not value]
+    if missing:
+        raise LaunchError(f"missing {', '.join(missing)}: export E2B_API_KEY (the job's sandboxes "
+                          "run on E2B) and log in with `hf auth login` or export HF_TOKEN")
+    return values
+
+
+def submit(args: argparse.Namespace, train_args: list[str]) -> int:
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    job_secret_values = job_secrets()
+    namespace = args.namespace or api.whoami()["name"]
+    volume = code_volume_from(args.code_from) if args.code_from else ship_code(api, namespace,
+                                                                            Path(args.repo))
+    print(f"code: {volume.source}/{volume.path} (reuse with --code-from "
+          f"{volume.source}/{volume.path})", file=sys.stderr)
+    job = api.run_job(**job_request(args, train_args, volume), secrets=job_secret_values,
+                      namespace=namespace)
+    print(json.dumps({"id": job.id, "url": job.url, "flavor": str(job.flavor),
+                      "public_url": f"https://{job.id}--{PROXY_PORT}.hf.jobs"}))
+    return 0
+
+
+# -- inside the job (or --local) --------------------------------------------------------------------
 
 def gpu_count() -> int:
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return 0
-    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")]) if out.returncode == 0 else 0
+    if out.returncode != 0:
+        return 0
+    return len([line for line in out.stdout.splitlines() if line.startswith("GPU ")])
 
 
-def submit_command(args: argparse.Namespace, train_args: list[str]) -> list[str]:
-    """The `hf jobs uv run` command line that submits this script with --inside."""
-    cmd = ["hf", "jobs", "uv", "run", "--flavor", args.flavor, "--timeout", args.timeout,
-           "--secrets", "HF_TOKEN", "--secrets", "E2B_API_KEY",
-           "-v", f"{args.repo}:/harness", "--expose-public", str(PROXY_PORT)]
-    if args.volume:
-        for volume in args.volume:
-            cmd += ["-v", volume]
-    cmd += ["/harness/launchers/hf_jobs.py", "--inside", "--"] + train_args
-    return cmd
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value  # the last one wins, as in argparse
 
 
-def job_spec(args: argparse.Namespace, train_args: list[str]) -> dict:
-    return {
-        "flavor": args.flavor, "timeout": args.timeout, "secrets": ["HF_TOKEN", "E2B_API_KEY"],
-        "volumes": [f"{args.repo}:/harness", *(args.volume or [])],
-        "expose_public": [PROXY_PORT], "script": "/harness/launchers/hf_jobs.py",
-        "train_args": train_args,
-    }
+def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """`argv` with every `flag` occurrence replaced by one `flag value` at the end."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = i + 1 < len(argv)
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return [*out, flag, value]
+
+
+def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url: str | None,
+                    python: str, engine_port: int = ENGINE_PORT) -> dict[str, list[str]]:
+    """The processes the job (or --local) starts, in order: the engine, then the trainer.
+
+    `train_args` already carry the resolved --model (a local directory), so the engine and every
+    trainer rank load the same files.
+    """
+    engine = [python, "-m", "launchers.engine", "--host", "127.0.0.1", "--port", str(engine_port)]
+    for flag in ("--model", "--served-model-name"):  # what the engine serves = what agents ask
+        value = _flag_value(train_args, flag)
+        if value:
+            engine += [flag, value]
+    engine += ["--weight-transfer-backend", "nccl" if gpus > 0 else "harness_gloo"]
+    commands = {"engine": engine}
+    train = ["-m", "harness.train", "--engine-url", f"http://127.0.0.1:{engine_port}"]
+    if not local:
+        # 0.0.0.0: the agent routes only; the proxy keeps its admin routes on loopback.
+        train += ["--sandbox", "e2b", "--proxy-host", "0.0.0.0", "--proxy-port", str(PROXY_PORT)]
+        if public_url:
+            train += ["--proxy-public-url", public_url]
+    if gpus > 1:
+        # The job's own interpreter runs torchrun's module: a bare `torchrun` may not be on PATH.
+        commands["trainer"] = [python, "-m", "torch.distributed.run", "--standalone",
+                               f"--nproc-per-node={gpus - 1}", *train, *train_args]
+    else:
+        commands["trainer"] = [python, *train, *train_args]
+    return commands
 
 
 def _free_port() -> int:
@@ -84,33 +272,29 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url: str | None,
-                    python: str, engine_port: int = ENGINE_PORT) -> dict[str, list[str]]:
-    """The processes the job (or --local) starts: setup, engine, trainer."""
-    engine = [python, "-m", "launchers.engine", "--host", "127.0.0.1", "--port", str(engine_port)]
+def _setup(skip: bool, local: bool) -> None:
+    if skip:
+        return
+    import shutil
+
+    missing = [p for p, exe in zip(APT_PACKAGES, ("bwrap", "node", "npm", "git"), strict=True)
+               if shutil.which(exe) is None]
+    if missing and not local and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    subprocess.run(["./setup.sh"], check=True)
+
+
+def _resolve_model(python: str, train_args: list[str]) -> list[str]:
+    """Download a hub --model once (project venv, launchers.models); pass its snapshot dir on."""
     model = _flag_value(train_args, "--model")
-    if model:
-        engine += ["--model", model]
-    engine += ["--weight-transfer-backend", "nccl" if gpus > 0 else "harness_gloo"]
-    train = ["-m", "harness.train", "--engine-url", f"http://127.0.0.1:{engine_port}"]
-    if not local:
-        train += ["--sandbox", "e2b", "--proxy-host", "0.0.0.0", "--proxy-port", str(PROXY_PORT)]
-        if public_url:
-            train += ["--proxy-public-url", public_url]
-    if gpus > 1:
-        trainer = ["torchrun", "--standalone", f"--nproc-per-node={gpus - 1}", *train, *train_args]
-    else:
-        trainer = [python, *train, *train_args]
-    return {"setup": ["./setup.sh"], "engine": engine, "trainer": trainer}
-
-
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+    if not model:
+        return train_args
+    out = subprocess.run([python, "-m", "launchers.models", model], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise LaunchError(out.stderr.strip() or f"resolving --model {model} failed")
+    return _with_flag(train_args, "--model", out.stdout.strip().splitlines()[-1])
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None:
@@ -119,40 +303,78 @@ def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"engine exited with code {process.returncode} before it was healthy")
+            raise LaunchError(f"engine exited with code {process.returncode} before it was healthy")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    raise SystemExit(f"engine not healthy after {timeout_s:.0f} s")
+    raise LaunchError(f"engine at {url} not healthy after {timeout_s:.0f} s")
+
+
+def watch_public_url(public_url: str, trainer: subprocess.Popen, deadline_s: float,
+                     poll_s: float = 10.0) -> threading.Thread:
+    """Until the trainer's proxy answers /health through `public_url`, poll; past `deadline_s`
+    (engine start and model load included) stop the trainer: its sandboxes could not reach it."""
+    import httpx
+
+    def watch() -> None:
+        deadline, last = time.monotonic() + deadline_s, "no answer"
+        while trainer.poll() is None and time.monotonic() < deadline:
+            try:
+                reply = httpx.get(public_url.rstrip("/") + "/health", timeout=10)
+                if reply.status_code == 200 and "weight_version" in reply.json():
+                    print(f"public URL {public_url} reaches the capture proxy", file=sys.stderr)
+                    return
+                last = f"HTTP {reply.status_code}: {reply.text[:200]}"
+            except (httpx.HTTPError, ValueError) as exc:
+                last = repr(exc)
+            time.sleep(poll_s)
+        if trainer.poll() is None:
+            print(f"error: the public URL {public_url} did not reach the capture proxy within "
+                  f"{deadline_s:.0f} s (last: {last}); sandboxes cannot reach it. Pass the job's "
+                  f"exposed URL for port {PROXY_PORT} with --proxy-public-url (see `hf jobs "
+                  "inspect <id>`). Stopping the trainer.", file=sys.stderr)
+            os.killpg(trainer.pid, signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="public-url-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def run_inside(train_args: list[str], *, local: bool, public_url: str | None, skip_setup: bool) -> int:
-    """Start engine and trainer, wait for the trainer, stop everything in reverse order."""
+    """Set up, resolve the model, start engine and trainer; stop both in reverse order."""
     os.chdir(REPO)
+    _setup(skip_setup, local)
     gpus = 0 if local else gpu_count()
     if not local and gpus < 2:
         print(f"warning: {gpus} GPU(s) visible; the engine and the trainer share them", file=sys.stderr)
-    if public_url is None and not local and os.environ.get("JOB_ID"):
+    if public_url is None and not local:
+        if not os.environ.get("JOB_ID"):
+            raise LaunchError("no --proxy-public-url and no $JOB_ID to derive the public URL from; "
+                              f"pass the job's URL for port {PROXY_PORT}")
         public_url = f"https://{os.environ['JOB_ID']}--{PROXY_PORT}.hf.jobs"
     python = str(REPO / ".venv" / "bin" / "python")
+    train_args = _resolve_model(python, train_args)
     # In a job the node is ours; on a shared machine (--local) any fixed port may be taken.
     engine_port = _free_port() if local else ENGINE_PORT
     commands = inside_commands(train_args, gpus=gpus, local=local, public_url=public_url,
                                python=python, engine_port=engine_port)
-    if not skip_setup:
-        subprocess.run(commands["setup"], check=True)
+    # No blanket HF_HUB_OFFLINE: --tasks hf:org/repo still needs the hub. The engine sets it
+    # itself for a local model directory (launchers/engine.py).
     env = dict(os.environ)
     engine_env = {**env, "CUDA_VISIBLE_DEVICES": "0"} if gpus > 0 else env
     trainer_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(1, gpus)))} if gpus > 1 else env
-    engine = subprocess.Popen(commands["engine"], env=engine_env, start_new_session=True)
-    started = [engine]
+    started: list[subprocess.Popen] = []
     try:
+        engine = subprocess.Popen(commands["engine"], env=engine_env, start_new_session=True)
+        started.append(engine)
         _wait_healthy(f"http://127.0.0.1:{engine_port}", engine, timeout_s=1800)
         trainer = subprocess.Popen(commands["trainer"], env=trainer_env, start_new_session=True)
         started.append(trainer)
+        if not local:
+            watch_public_url(public_url, trainer, PUBLIC_URL_DEADLINE_S)
         return trainer.wait()
     finally:
         for process in reversed(started):
@@ -164,6 +386,10 @@ def run_inside(train_args: list[str], *, local: bool, public_url: str | None, sk
                     os.killpg(process.pid, signal.SIGKILL)
 
 
+def _terminate(*_: object) -> None:
+    raise KeyboardInterrupt  # a job stop (SIGTERM) unwinds run_inside's finally
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     train_args: list[str] = []
@@ -172,39 +398,52 @@ def main(argv: list[str] | None = None) -> int:
         argv, train_args = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(prog="launchers/hf_jobs.py", description=__doc__.split("\n\n")[0],
                                      epilog="Everything after -- goes to python -m harness.train.")
-    parser.add_argument("--flavor", default=DEFAULT_FLAVOR, help="HF Jobs hardware flavor")
+    parser.add_argument("--flavor", default=DEFAULT_FLAVOR,
+                        help="HF Jobs hardware flavor (huggingface_hub's JobHardware)")
     parser.add_argument("--timeout", default="6h", help="job timeout (e.g. 90m, 6h)")
-    parser.add_argument("--volume", action="append", help="extra job volume SRC:/mount (repeatable)")
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="job image (needs Python 3.12 and uv)")
+    parser.add_argument("--namespace", help="user or org that runs the job (default: you)")
     parser.add_argument("--repo", default=str(REPO), help="checkout shipped to the job")
-    parser.add_argument("--dry-run", action="store_true", help="print the job spec and commands only")
+    parser.add_argument("--code-from", help="reuse uploaded code: NAMESPACE/BUCKET/FOLDER")
+    parser.add_argument("--dry-run", action="store_true", help="print the job and commands only")
     parser.add_argument("--local", action="store_true", help="run the job's orchestration here, on CPU")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--proxy-public-url", help="public URL of the proxy (default: from $JOB_ID)")
     parser.add_argument("--skip-setup", action="store_true", help="do not run ./setup.sh first")
     args = parser.parse_args(argv)
-
-    if args.inside or args.local:
+    try:
+        if args.inside or args.local:
+            if args.dry_run:
+                cmds = inside_commands(train_args, gpus=0 if args.local else gpu_count(),
+                                       local=args.local, public_url=args.proxy_public_url,
+                                       python=str(REPO / ".venv" / "bin" / "python"))
+                print(json.dumps({name: shlex.join(c) for name, c in cmds.items()}, indent=1))
+                return 0
+            signal.signal(signal.SIGTERM, _terminate)
+            return run_inside(train_args, local=args.local, public_url=args.proxy_public_url,
+                              skip_setup=args.skip_setup)
+        check_flavor(args.flavor)
         if args.dry_run:
-            cmds = inside_commands(train_args, gpus=0 if args.local else gpu_count(), local=args.local,
-                                   public_url=args.proxy_public_url,
-                                   python=str(REPO / ".venv" / "bin" / "python"))
-            print(json.dumps({name: shlex.join(c) for name, c in cmds.items()}, indent=1))
+            from huggingface_hub import Volume
+
+            volume = (code_volume_from(args.code_from) if args.code_from else
+                      Volume(type="bucket", source=f"<you>/{CODE_BUCKET}", mount_path=CODE_MOUNT,
+                             path="code/<upload>", read_only=True))
+            request = job_request(args, train_args, volume)
+            request["volumes"] = [v.to_dict() for v in request["volumes"]]
+            request["secrets"] = list(SECRET_NAMES)
+            inside = inside_commands(train_args, gpus=4, local=False,
+                                     public_url=f"https://$JOB_ID--{PROXY_PORT}.hf.jobs",
+                                     python=f"{JOB_WORKDIR}/.venv/bin/python")
+            print(json.dumps({"job": request, "code_files": len(code_files(Path(args.repo))),
+                              "inside": {k: shlex.join(c) for k, c in inside.items()}}, indent=1))
             return 0
-        return run_inside(train_args, local=args.local, public_url=args.proxy_public_url,
-                          skip_setup=args.skip_setup)
-    cmd = submit_command(args, train_args)
-    if args.dry_run:
-        print(json.dumps({"job": job_spec(args, train_args), "submit": shlex.join(cmd),
-                          "inside": {name: shlex.join(c) for name, c in inside_commands(
-                              train_args, gpus=4, local=False,
-                              public_url=f"https://$JOB_ID--{PROXY_PORT}.hf.jobs",
-                              python="/harness/.venv/bin/python").items()}}, indent=1))
-        return 0
-    missing = [v for v in ("E2B_API_KEY",) if not os.environ.get(v)]
-    if missing:
-        print(f"export {', '.join(missing)} first: the job's sandboxes run on E2B", file=sys.stderr)
+        return submit(args, train_args)
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    return subprocess.run(cmd).returncode
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

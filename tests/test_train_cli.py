@@ -1,4 +1,4 @@
-"""`python -m harness.train` / `harness.eval` settings, preflight, records and the HF Jobs launcher.
+"""`python -m harness.train` / `harness.eval` settings, preflight and records (HF Jobs: test_hf_jobs.py).
 
 Run: .venv/bin/python -m pytest tests/test_train_cli.py -q
 These need no engine: every check here runs before any process would start.
@@ -6,7 +6,6 @@ These need no engine: every check here runs before any process would start.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +41,55 @@ def test_flags_override_the_config_file_and_untyped_flags_do_not(tmp_path: Path)
     assert settings.num_generations == 6  # from the file, dashes accepted
     assert settings.steps == 2  # the typed flag wins
     assert settings.max_concurrent_rollouts == RunSettings().max_concurrent_rollouts  # default
+
+
+def test_a_typed_flag_wins_over_the_file_even_when_it_equals_the_default(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("steps: 5\nweight_sync: false\nharness: codex\n")
+    assert RunSettings().steps == 3 and RunSettings().weight_sync is True
+    settings = parse(["--config", str(config), "--steps", "3", "--weight-sync",
+                      "--harness", "mini-swe-agent"])
+    # Each typed value equals its default; before, they lost to the file (steps 5, no sync, codex).
+    assert (settings.steps, settings.weight_sync, settings.harness) == (3, True, "mini-swe-agent")
+    untyped = parse(["--config", str(config)])
+    assert (untyped.steps, untyped.weight_sync, untyped.harness) == (5, False, "codex")
+
+
+def test_repeated_flags_replace_the_files_list(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("reward_funcs: [c=examples.reward_fns:env_or_none]\n")
+    typed = parse(["--config", str(config), "--reward-funcs", "a=m:f", "--reward-funcs", "b=m:g"])
+    assert typed.reward_funcs == ["a=m:f", "b=m:g"]
+    assert parse(["--config", str(config)]).reward_funcs == ["c=examples.reward_fns:env_or_none"]
+    assert parse([]).reward_funcs == []
+
+
+def test_config_values_are_typed_like_their_flags(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    # YAML 1.1 reads 1e-6 (no dot) as a string; the flag would parse it, so the file does too.
+    config.write_text("learning_rate: 1e-6\ntemperature: 1\ntask_count: null\n"
+                      "reward_funcs: [a=examples.reward_fns:env_or_none]\nengine_port: '8000'\n")
+    settings = parse(["--config", str(config)])
+    assert settings.learning_rate == 1e-6 and isinstance(settings.learning_rate, float)
+    assert settings.temperature == 1.0 and isinstance(settings.temperature, float)
+    assert settings.task_count is None and settings.engine_port == 8000
+    assert settings.reward_funcs == ["a=examples.reward_fns:env_or_none"]
+
+
+def test_config_values_of_the_wrong_type_are_all_named_with_their_flag(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("steps: 2.5\nnum_generations: true\nweight_sync: 'yes please'\n"
+                      "learning_rate: fast\nharness: null\nreward_funcs: [1, 2]\n")
+    with pytest.raises(SettingsError) as caught:
+        parse(["--config", str(config)])
+    text = str(caught.value)
+    assert "steps: expected int (like --steps), got 2.5" in text
+    assert "num_generations: expected int (like --num-generations), got the boolean True" in text
+    assert "weight_sync: expected true or false (like --weight-sync/--no-weight-sync)" in text
+    assert "learning_rate: expected float (like --learning-rate), got 'fast'" in text
+    assert "harness: expected str (like --harness), got null" in text
+    assert "reward_funcs: expected a list of strings" in text
+    assert len(caught.value.problems) == 6
 
 
 def test_an_unknown_setting_in_the_config_file_is_named(tmp_path: Path) -> None:
@@ -133,32 +181,3 @@ def test_summary_tables_show_causes_steps_and_phases() -> None:
     history = [{"reward/mean": 0.5, "loss": 0.1, "tokens/trained": 40, "groups/skipped/zero_variance": 1}]
     titles = [t.title for t in summary_tables(records, history, {"engine_start_s": 30.0})]
     assert titles == ["Rollouts by cause", "Training steps", "Time per phase (s)"]
-
-
-def hf_jobs(*args: str) -> dict:
-    run = subprocess.run([sys.executable, "launchers/hf_jobs.py", *args], cwd=REPO_ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)
-
-
-def test_hf_jobs_dry_run_prints_the_job_spec_and_the_commands() -> None:
-    out = hf_jobs("--dry-run", "--flavor", "h100x8", "--timeout", "2h", "--", "--harness", "opencode",
-                  "--model", "Qwen/Qwen3-4B")
-    assert out["job"]["flavor"] == "h100x8" and out["job"]["timeout"] == "2h"
-    assert set(out["job"]["secrets"]) == {"HF_TOKEN", "E2B_API_KEY"}
-    assert out["job"]["expose_public"] == [8100]
-    submit = out["submit"]
-    assert submit.startswith("hf jobs uv run --flavor h100x8") and "--expose-public 8100" in submit
-    assert "--inside -- --harness opencode" in submit
-    inside = out["inside"]
-    assert "--weight-transfer-backend nccl" in inside["engine"] and "--model Qwen/Qwen3-4B" in inside["engine"]
-    assert inside["trainer"].startswith("torchrun --standalone --nproc-per-node=3 -m harness.train")
-    assert "--sandbox e2b" in inside["trainer"] and "--proxy-host 0.0.0.0" in inside["trainer"]
-
-
-def test_hf_jobs_local_dry_run_uses_the_cpu_path() -> None:
-    out = hf_jobs("--local", "--dry-run", "--", "--harness", "mini-swe-agent")
-    assert "--weight-transfer-backend harness_gloo" in out["engine"]
-    assert "--sandbox" not in out["trainer"] and "torchrun" not in out["trainer"]
-    assert out["trainer"].endswith("--harness mini-swe-agent")

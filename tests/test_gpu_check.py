@@ -1,0 +1,52 @@
+"""The GPU check (bench/gpu/check.sh) in its --dry-run form, so it cannot rot between GPU loans.
+
+Run: .venv/bin/python -m pytest tests/test_gpu_check.py -q
+
+Tiny shapes on the CPU, gloo instead of NCCL, the same code otherwise: the project's trainer
+(fp32 master weights, bf16 autocast) steps, the weight stream (`push_weights`) feeds a second
+process, and one JSON comes out. The figures here are CPU figures; what is asserted are the
+properties that must hold on any device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from launchers.paths import REPO_ROOT
+
+
+def test_the_dry_run_writes_every_figure_and_the_properties_hold(tmp_path: Path) -> None:
+    run = subprocess.run(["bash", "bench/gpu/check.sh", "--dry-run"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert not [k for k, v in report.items() if isinstance(v, dict) and "error" in v], report
+    assert report["env"]["torch"] and report["copy"]["GBps"] > 0
+
+    train = report["train/tiny"]
+    assert train["tokens_per_s"] > 0 and train["loss_finite"] and train["nonfinite_skipped"] == 0
+    # Master weights: parameters stay fp32 while the step computes in bf16.
+    assert (train["param_dtype"], train["compute_dtype"]) == ("float32", "bfloat16")
+
+    moved = report["moved/tiny"]
+    assert moved["reference_same_init"]
+    # lr 1e-6 on fp32 master weights moves (nearly) every element, as the fp32 reference does;
+    # pure-bf16 weights would keep ~98% of them (issue 16). The bf16 cast the engine is sent
+    # moves far less: that is rounding of the served copy, not lost updates.
+    assert moved["reference_moved_frac"] > 0.9 and moved["master_moved_frac"] > 0.9
+    assert moved["update_cosine_vs_reference"] > 0.9
+    assert moved["served_bf16_moved_frac"] < moved["master_moved_frac"]
+
+    # The stream sends every parameter once, cast to bf16 (2 bytes each), and the peer gets
+    # exactly those bytes, whichever way they travel.
+    stream = report["stream/tiny"]
+    assert stream["bytes"] == 2 * train["params"]
+    for kind in ("gloo", "ipc"):
+        sent = report[f"transfer/{kind}/tiny"]
+        assert sent["bytes"] == stream["bytes"] and sent["checksums_match"], sent
+        assert sent["GBps"] > 0 and sent["ratio_to_copy"] > 0
