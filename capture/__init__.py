@@ -15,6 +15,10 @@ and exported as an `openenv.core.harness.training.TrainingTrace`.
     capture.resent                   a resent history is neither parsed nor serialised again
     capture.early                    a resent chat call leaves for the engine before its translation
     capture.fake_engine              a fast fake vLLM for tests, fault injection and the benchmark
+    capture.allowlist                what of an agent's request may reach the engine (the rest is
+                                     dropped and counted: the engine samples under the policy)
+    capture.guard                    safe on a public port: key before body, read times, bounds
+    capture.calllog                  the per-session log: fsync policy, torn lines cost themselves
 
 What the room refuses: tokenizing anything (ids come from the engine), scoring anything (rewards
 are the verifier's), and importing torch or harbor (it runs on its own, light, on any host).

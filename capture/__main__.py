@@ -2,7 +2,9 @@
 
 Runs the capture proxy in the foreground until SIGINT/SIGTERM. The admin key is read from
 `--admin-key-file` when that file exists, otherwise generated and written there (mode 0600); with
-no file it is printed once on stdout, the only place it appears. Binds 127.0.0.1 by default.
+no file it is printed once on stdout, the only place it appears. Binds 127.0.0.1 by default; on
+any other address the admin routes are served only on 127.0.0.1:--admin-port (printed), unless
+--admin-on-public (capture.server, capture.guard).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import sys
 import threading
 from pathlib import Path
 
+from .calllog import FSYNC_POLICIES
+from .guard import Limits
 from .server import CaptureServer
 
 
@@ -51,6 +55,22 @@ def main(argv: list[str] | None = None) -> int:
                              "proxy waits on a slow agent not counted (default 600)")
     parser.add_argument("--public-url", default=None,
                         help="URL agents reach the proxy at, if not the one they call admin on")
+    parser.add_argument("--fsync", choices=FSYNC_POLICIES, default="interval",
+                        help="call-log durability (capture.calllog): fsync every interval "
+                             "(default), after every call, or never")
+    parser.add_argument("--fsync-interval-s", type=float, default=1.0)
+    parser.add_argument("--admin-port", type=int, default=0,
+                        help="admin listener port on 127.0.0.1 when --host is not loopback "
+                             "(0 picks a free one)")
+    parser.add_argument("--admin-on-public", action="store_true", default=None,
+                        help="also serve the admin routes on --host (not advised on a public port)")
+    defaults = Limits()
+    parser.add_argument("--max-connections", type=int, default=defaults.max_connections)
+    parser.add_argument("--header-timeout-s", type=float, default=defaults.header_timeout_s)
+    parser.add_argument("--body-timeout-s", type=float, default=defaults.body_timeout_s)
+    parser.add_argument("--max-session-mb", type=int,
+                        default=defaults.max_session_bytes // (1024 * 1024),
+                        help="recorded token memory per session before its calls are refused")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -62,12 +82,22 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         host=args.host,
         port=args.port,
-        max_body_bytes=args.max_body_mb * 1024 * 1024,
         upstream_timeout_s=args.upstream_timeout_s,
         public_url=args.public_url,
+        limits=Limits(max_connections=args.max_connections,
+                      header_timeout_s=args.header_timeout_s,
+                      body_timeout_s=args.body_timeout_s,
+                      max_body_bytes=args.max_body_mb * 1024 * 1024,
+                      max_session_bytes=args.max_session_mb * 1024 * 1024),
+        fsync=args.fsync,
+        fsync_interval_s=args.fsync_interval_s,
+        admin_port=args.admin_port,
+        admin_on_public=args.admin_on_public,
     )
     server.start()
     print(f"capture proxy on {server.url} -> {args.engine_url}", flush=True)
+    if server.admin_url != server.url:
+        print(f"admin routes on {server.admin_url}", flush=True)
     if show:
         print(f"admin key: {key}", flush=True)
     elif args.admin_key_file is not None:

@@ -7,9 +7,12 @@
     GET  /s/{id}/v1/models                side route: the engine's model, never recorded
     HEAD|GET /s/{id}/                     side route: Claude Code's liveness probe
 
-Order of checks, cheapest and most important first: session exists (404) and the key is this
-session's own (401, nothing recorded, body never read); content type (415); size (413); JSON
-(400); dialect translation (its DialectError status). Only then is a call id taken and the call
+Order of checks, cheapest and most important first, the first three from the request's head
+alone, before any body byte is read (capture.guard.admit; the fast lane runs it as the head
+completes): session exists (404), the key is this session's own (401, nothing recorded), the
+session is under its memory bound (413); then content type (415); size (413); JSON (400); dialect
+translation (its DialectError status); the engine-field allowlist (capture.allowlist: fields are
+dropped and counted, a `stop` past its bounds is a 400). Only then is a call id taken and the call
 recorded (ok or failed), so a rejected request never appears in a trace.
 
 Per call, one engine request: the dialect's chat body, rewritten to the session's sampling policy
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from .allowlist import restrict
 from .aux import aux_hint
 from .dialects import DIALECTS
 from .dialects.base import Dialect, DialectError, StreamEncoder
@@ -47,6 +50,7 @@ from .errors import (
     EngineNoTokenIds,
     UpstreamError,
 )
+from .guard import Headers, admit, header, presented_key, refusal_bytes
 from .recorder import CallRecorder
 from .sessions import Session
 from .upstream import JSON_ERRORS, EngineStream, dumps, loads
@@ -61,24 +65,6 @@ logger = logging.getLogger(__name__)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-Headers = list[tuple[bytes, bytes]]  # an ASGI scope's: names lowercased (uvicorn does)
-
-
-def _header(headers: Headers, name: bytes) -> str | None:
-    """The first value of header `name` (as Starlette's `Headers.get` would give it)."""
-    for key, value in headers:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-def _presented_key(headers: Headers) -> str | None:
-    auth = _header(headers, b"authorization")
-    if auth and auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return _header(headers, b"x-api-key")
-
-
 def _error(dialect: Dialect, error: CaptureError | DialectError, status: int | None = None
            ) -> JSONResponse:
     status = status or error.status
@@ -87,7 +73,7 @@ def _error(dialect: Dialect, error: CaptureError | DialectError, status: int | N
 
 def _authorize(state: CaptureState, session_id: str, headers: Headers) -> Session:
     session = state.store.get(session_id)
-    session.check_key(_presented_key(headers))
+    session.check_key(presented_key(headers))
     return session
 
 
@@ -98,11 +84,11 @@ async def _read_json(state: CaptureState, headers: Headers, receive: Any,
 
 async def _read_raw(state: CaptureState, headers: Headers, receive: Any) -> bytes:
     """The request's bytes, once its type and size are acceptable (415, 413, 400 if empty)."""
-    ctype = (_header(headers, b"content-type") or "application/json").split(";")[0].strip().lower()
+    ctype = (header(headers, b"content-type") or "application/json").split(";")[0].strip().lower()
     if ctype and ctype != "application/json" and not ctype.endswith("+json"):
         raise BadRequest(f"content-type must be application/json, got {ctype[:80]!r}", status=415)
-    limit = state.max_body_bytes
-    declared = _header(headers, b"content-length")
+    limit = state.limits.max_body_bytes
+    declared = header(headers, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BadRequest(f"request body is over the proxy's {limit}-byte limit", status=413)
     chunks: list[bytes] = []
@@ -169,13 +155,30 @@ def model_call(app: Any, path: str) -> Callable[[Any, Any, Any], Awaitable[None]
     dialect = _CALL_ROUTES.get(rest)
     if dialect is None or not session_id:
         return None
-    return functools.partial(_serve_call, app, session_id, dialect)
+    return _ModelCall(app.state.capture, session_id, dialect)
 
 
-async def _serve_call(app: Any, session_id: str, dialect: Dialect, scope: dict[str, Any],
-                      receive: Any, send: Any) -> None:
-    response = await _agent_call(app.state.capture, session_id, scope["headers"], receive, dialect)
-    await response(scope, receive, send)
+class _ModelCall:
+    """A model call's ASGI handler, with the check a server may run on its head alone."""
+
+    __slots__ = ("dialect", "session_id", "state")
+
+    def __init__(self, state: CaptureState, session_id: str, dialect: Dialect) -> None:
+        self.state, self.session_id, self.dialect = state, session_id, dialect
+
+    def precheck(self, headers: Headers) -> bytes | None:
+        """A whole refusal (404, 401, 413) if the call may not be served, from its head alone,
+        before any body byte is read (capture.guard); None to go on."""
+        try:
+            admit(self.state, self.session_id, headers)
+        except CaptureError as exc:
+            return refusal_bytes(exc.status, self.dialect.error_body(exc.status, exc.message))
+        return None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        response = await _agent_call(self.state, self.session_id, scope["headers"], receive,
+                                     self.dialect)
+        await response(scope, receive, send)
 
 
 async def agent_call_asgi(app: Any, scope: dict[str, Any], receive: Any, send: Any) -> bool:
@@ -193,7 +196,7 @@ async def _agent_call(state: CaptureState, session_id: str, headers: Headers, re
     started, weight_version = time.perf_counter(), state.weight_version
     early: EarlyCall | None = None
     try:
-        session = _authorize(state, session_id, headers)
+        session = admit(state, session_id, headers)  # before any body byte is read
         raw = await _read_raw(state, headers, receive)
         early = _send_early(state, session, dialect, raw)
         body = _parse_body(raw, session.reader.read)
@@ -238,12 +241,14 @@ class _CallInfo:
     as the call starts; the rest is derived from the request when the call is recorded, after the
     agent has its answer, so none of it is on the path the agent waits on."""
 
-    __slots__ = ("body", "chat", "dialect", "enforced", "started", "weight_version_start")
+    __slots__ = ("body", "chat", "dialect", "dropped", "enforced", "started",
+                 "weight_version_start")
 
     def __init__(self, dialect: Dialect, body: dict[str, Any], chat: dict[str, Any],
-                 enforced: dict[str, Any], start: tuple[float, int]) -> None:
+                 enforced: dict[str, Any], start: tuple[float, int], dropped: list[str]) -> None:
         self.dialect, self.body, self.chat, self.enforced = dialect, body, chat, enforced
         self.started, self.weight_version_start = start
+        self.dropped = dropped
 
     def build(self, state: CaptureState) -> dict[str, Any]:
         chat, body, enforced = self.chat, self.body, self.enforced
@@ -261,6 +266,7 @@ class _CallInfo:
             "max_tokens_requested": enforced["max_tokens"]["requested"],
             "hint": aux_hint(messages),
             "sampling": enforced,
+            "dropped_fields": self.dropped,
             "weight_version_start": self.weight_version_start,
             "request": {"tools": names, "tool_choice": chat.get("tool_choice")},
             "_messages": messages,
@@ -273,19 +279,23 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
                    body: dict[str, Any], chat: dict[str, Any], early: EarlyCall | None,
                    start: tuple[float, int]) -> Response:
     """`start`: the clock and the engine's weight version when the call arrived."""
+    try:
+        dropped = restrict(chat)  # capture.allowlist: only the trainer's policy reaches the engine
+    except BadRequest as exc:
+        return _error(dialect, exc)
     enforced = session.policy.enforce(chat)
     chat["logprobs"] = True
     chat["top_logprobs"] = 0
     chat["return_token_ids"] = True
+    stream = bool(chat.get("stream"))
+    info = _CallInfo(dialect, body, chat, enforced, start, dropped)
     try:
         chat["model"] = await state.engine.served_model()
-    except UpstreamError as exc:
+    except UpstreamError as exc:  # the engine is down: a failed call, counted for the rollout
+        call_id = session.next_call_id()
+        session.in_flight += 1
+        _finish_failed(state, session, call_id, exc, info)
         return _error(dialect, exc)
-    stream = bool(chat.get("stream"))
-    if stream:
-        options = chat.get("stream_options") if isinstance(chat.get("stream_options"), dict) else {}
-        chat["stream_options"] = {**options, "include_usage": True}
-    info = _CallInfo(dialect, body, chat, enforced, start)
     call_id = session.next_call_id()
     session.in_flight += 1
     recorder = CallRecorder()
@@ -373,7 +383,13 @@ class _Relay:
 
     async def events(self) -> AsyncIterator[bytes]:
         try:
+            told = False
             async for batch in self.upstream.batches():
+                if not told and self.upstream.prompt is not None:
+                    # cut out of the first event before parsing (capture.tokens), so the chunk
+                    # the encoder reads no longer carries it: its length is told here
+                    told = True
+                    self.encoder.set_prompt_tokens(len(self.upstream.prompt))
                 out = []
                 for chunk in batch:
                     self.recorder.add_chunk(chunk)
@@ -463,6 +479,8 @@ def _finish_ok(state: CaptureState, session: Session, call_id: str, recorder: Ca
         logger.warning("session %s call %s failed: %s", session.session_id, call_id, exc)
         return
     info["finish_reason"] = capture.finish_reason
+    info["truncated"], info["truncated_by"] = _truncation(
+        capture.finish_reason, call.enforced["max_tokens"], session.policy.max_tokens)
     info["usage"] = capture.usage
     info["masked_logprobs"] = capture.missing_logprobs
     # OpenAI's chat completion shape, whatever the dialect: what OpenEnv's and TRL's trace readers
@@ -473,6 +491,21 @@ def _finish_ok(state: CaptureState, session: Session, call_id: str, recorder: Ca
         session.record_ok(call_id, capture, info)
     except (ValueError, TypeError, OverflowError) as exc:  # ids that are not int32 token ids
         session.record_failed(call_id, EngineNoTokenIds(f"valid token ids ({exc})"), info)
+
+
+def _truncation(finish: str | None, max_tokens: dict[str, Any], cap: int | None
+                ) -> tuple[bool, str | None]:
+    """Whether a reply was cut by a token limit, and whose: the proxy's cap (the session's
+    `max_tokens` was below what the agent asked, or the agent asked for none), the agent's own
+    `max_tokens`, or the engine's context length (no limit was sent)."""
+    if finish != "length":
+        return False, None
+    sent, requested = max_tokens["sent"], max_tokens["requested"]
+    if sent is None:
+        return True, "context"
+    if cap is not None and sent == cap and (requested is None or requested > cap):
+        return True, "proxy_cap"
+    return True, "agent_max_tokens"
 
 
 def _finish_failed(state: CaptureState, session: Session, call_id: str, error: Exception,

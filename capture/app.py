@@ -1,12 +1,17 @@
 """The ASGI app: route table, shared state, and the admin routes.
 
-Admin routes (all need `Authorization: Bearer <admin_key>`):
+Admin routes (all need `Authorization: Bearer <admin_key>`; served on the public listener only
+when the proxy binds loopback or is told to (`admin_on_public`), otherwise only on the admin
+listener on 127.0.0.1, capture.guard):
 
     POST   /admin/sessions                 {"sampling"?, "metadata"?, "session_id"?} -> 201
                                            {session_id, secret, base_urls, sampling}
     GET    /admin/sessions                 ids and call counts
     GET    /admin/sessions/{id}/trace      TrainingTrace JSON (streamed), or 409 + reasons
-    GET    /admin/sessions/{id}/stats      graph shape, retained/aux/failed counts, tokens, memory
+    GET    /admin/sessions/{id}/stats      graph shape, retained/aux/failed counts, tokens, memory,
+                                           failed_calls {total, infra, by_kind} (failure kinds:
+                                           capture.sessions.failure_kind), dropped_fields
+                                           {field: calls} (capture.allowlist)
     DELETE /admin/sessions/{id}            forget it (and its on-disk log)
     POST   /admin/weight_version           {"version": int}: the engine's weights changed
     GET    /admin/weight_version
@@ -21,7 +26,9 @@ reason the three model-call routes are served in the server's fast lane (`captur
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 from collections.abc import AsyncIterator
@@ -36,8 +43,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .agent_routes import agent_call_asgi, agent_endpoint, count_tokens, model_call, models, probe
+from .calllog import sync_fds
 from .errors import BadRequest, BadSessionKey, CaptureError, NothingTrainableError
 from .export import iter_trace_json, plan_export
+from .guard import Limits
 from .sessions import SessionStore
 from .upstream import JSON_ERRORS, EngineClient, loads
 
@@ -45,7 +54,7 @@ __all__ = ["CaptureApp", "CaptureState", "create_app"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = Limits.max_body_bytes
 
 
 @dataclass
@@ -55,11 +64,18 @@ class CaptureState:
     engine: EngineClient
     store: SessionStore
     admin_key: str
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    limits: Limits = field(default_factory=Limits)
     weight_version: int = 0
     dialect_crashes: int = 0
     public_url: str | None = None
+    # The local port admin routes are served on, when not every listener serves them (guard).
+    admin_port: int | None = None
+    agent_url: str | None = None  # the public listener's URL, when admin has its own
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.limits.max_body_bytes
 
 
 def _admin_error(error: CaptureError) -> JSONResponse:
@@ -97,7 +113,8 @@ async def _json_body(request: Request, limit: int = 1 << 20) -> dict[str, Any]:
 
 
 def _base_urls(state: CaptureState, request: Request, session_id: str) -> dict[str, str]:
-    root = (state.public_url or str(request.base_url)).rstrip("/")
+    # an admin listener's own address is no agent's: then the public listener's (`agent_url`)
+    root = (state.public_url or state.agent_url or str(request.base_url)).rstrip("/")
     base = f"{root}/s/{session_id}"
     return {"chat": f"{base}/v1", "responses": f"{base}/v1", "messages": base}
 
@@ -169,8 +186,14 @@ async def session_stats(request: Request) -> Response:
             "graph": graph.stats(),
             **plan.stats(),
             "failures": session.failed[-20:],
+            # failed calls by kind, and how many the engine or the proxy caused (helper for the
+            # harness's infra_failure cause; kinds in capture.sessions.failure_kind)
+            "failed_calls": session.failed_calls(),
+            # agent request fields kept from the engine (capture.allowlist): field -> calls
+            "dropped_fields": dict(session.dropped_fields),
             "token_bytes": stored_bytes,
             "torn_log_lines": session.torn_log_lines,
+            "lost_calls": session.lost_calls,
             # calls sent to the engine ahead of their full translation, and of those, the ones
             # whose translation disagreed and were sent again (capture/early.py; expected 0)
             "early": {"sent": session.early.sent, "mismatched": session.early.mismatched},
@@ -213,12 +236,23 @@ def create_app(
     *,
     admin_key: str,
     data_dir: Path | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     upstream_timeout_s: float = 600.0,
     public_url: str | None = None,
+    limits: Limits | None = None,
+    fsync: str = "interval",
+    fsync_interval_s: float = 1.0,
 ) -> CaptureApp:
-    """Build the proxy app; recovers sessions from `data_dir` if it holds any."""
-    store = SessionStore(data_dir)
+    """Build the proxy app; recovers sessions from `data_dir` if it holds any.
+
+    `fsync`: the call logs' durability policy (capture.calllog); `limits`: capture.guard
+    (`max_body_bytes`, when given, overrides its body bound)."""
+    limits = limits or Limits()
+    if max_body_bytes is not None:
+        limits = dataclasses.replace(limits, max_body_bytes=max_body_bytes)
+    if not fsync_interval_s > 0:
+        raise ValueError(f"fsync_interval_s must be positive, got {fsync_interval_s!r}")
+    store = SessionStore(data_dir, fsync=fsync)
     recovered = store.recover()
     if recovered:
         logger.info("recovered %d session(s) from %s", recovered, data_dir)
@@ -226,7 +260,7 @@ def create_app(
         engine=EngineClient(engine_url, timeout_s=upstream_timeout_s),
         store=store,
         admin_key=admin_key,
-        max_body_bytes=max_body_bytes,
+        limits=limits,
         public_url=public_url,
     )
     s = "/s/{session_id}"
@@ -254,12 +288,32 @@ def create_app(
         # the first streamed agent call or export unless it is paid now, at start-up.
         async with anyio.create_task_group():
             pass
-        yield
-        await state.engine.aclose()
+        flusher = (asyncio.get_running_loop().create_task(_flush_logs(store, fsync_interval_s))
+                   if data_dir is not None and fsync == "interval" else None)
+        try:
+            yield
+        finally:
+            if flusher is not None:
+                flusher.cancel()
+            store.close()
+            await state.engine.aclose()
 
     app = CaptureApp(routes=routes, lifespan=lifespan)
     app.state.capture = state
     return app
+
+
+async def _flush_logs(store: SessionStore, interval_s: float) -> None:
+    """The "interval" durability policy (capture.calllog): fsync, off the event loop, every log
+    written since the last pass."""
+    while True:
+        await asyncio.sleep(interval_s)
+        fds = store.dirty_logs()
+        if fds:
+            await asyncio.to_thread(sync_fds, fds)
+
+
+_NOT_HERE = b'{"error":{"type":"UnknownRoute","message":"not served on this address"}}'
 
 
 class CaptureApp(Starlette):
@@ -271,6 +325,19 @@ class CaptureApp(Starlette):
         return model_call(self, path)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and await agent_call_asgi(self, scope, receive, send):
-            return
+        if scope["type"] == "http":
+            if await agent_call_asgi(self, scope, receive, send):
+                return
+            if scope["path"].startswith("/admin") and not self._admin_here(scope):
+                # the public listener of a proxy with an admin listener: as if no such route
+                await send({"type": "http.response.start", "status": 404,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", b"%d" % len(_NOT_HERE))]})
+                await send({"type": "http.response.body", "body": _NOT_HERE})
+                return
         await super().__call__(scope, receive, send)
+
+    def _admin_here(self, scope: Any) -> bool:
+        port = self.state.capture.admin_port
+        server = scope.get("server")
+        return port is None or (server is not None and server[1] == port)

@@ -17,7 +17,10 @@ One turn per retained engine call, in arrival order:
                           agent's dialect (the engine's reply in chat form)
     metadata              dialect, aux, aux_reason, parent_id, weight_version_start/end, latency_s,
                           session_id, finish_reason, sampling, + node_index, stream, usage,
-                          masked_logprobs
+                          masked_logprobs; `truncated` (the reply hit a token limit) and
+                          `truncated_by` ("proxy_cap": the session's max_tokens cap cut it;
+                          "agent_max_tokens": the agent's own limit; "context": the engine's
+                          context length); `dropped_fields` (capture.allowlist)
 
 Not retained (counted in stats and in the 409 reasons, never silently dropped): failed calls (an
 upstream error: never trainable) and retries nobody continued (graph.RolloutGraph.discarded).
@@ -189,6 +192,10 @@ def iter_turn_parts(plan: ExportPlan) -> Iterator[list[bytes | memoryview]]:
             "usage": info.get("usage"),
             "masked_logprobs": info.get("masked_logprobs", {}),
             "n_new_prompt_tokens": len(node.seg),
+            # (a call logged before the flag existed: its finish reason says it)
+            "truncated": info.get("truncated", info.get("finish_reason") == "length"),
+            "truncated_by": info.get("truncated_by"),
+            "dropped_fields": info.get("dropped_fields", []),
         }
         yield [
             b'{"node_id":', dumps(node.node_id), b',"prompt_token_ids":[',

@@ -40,7 +40,7 @@ import orjson
 from .serving import ThreadedUvicorn, read_body
 from .upstream import dumps, loads
 
-__all__ = ["FakeEngine", "render"]
+__all__ = ["FakeEngine", "answer_lifespan", "check_chat_request", "render", "send_json"]
 
 MODEL = "fake"
 
@@ -140,31 +140,26 @@ class FakeEngine:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                event = await receive()
-                if event["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
+            return
         if scope["path"].endswith("/models"):
-            await _send_json(send, 200, {"object": "list", "data": [{"id": MODEL}]})
+            await send_json(send, 200, {"object": "list", "data": [{"id": MODEL}]})
             return
         if scope["path"] == "/health":
-            await _send_json(send, 200, {})
+            await send_json(send, 200, {})
             return
         raw = await read_body(receive)
         try:
             body = loads(raw)
-            _check(body)
+            check_chat_request(body)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             # vLLM answers a request it cannot parse with 400; so does the fake.
-            await _send_json(send, 400, {"error": {"message": f"fake engine: {exc}", "code": 400}})
+            await send_json(send, 400, {"error": {"message": f"fake engine: {exc}", "code": 400}})
             return
         self.requests = [*self.requests[-49:], body]
         fault = self.fault
         if fault == "http500":
-            await _send_json(send, 500, {"error": {"message": "fake engine failure", "code": 500}})
+            await send_json(send, 500, {"error": {"message": "fake engine failure", "code": 500}})
             return
         if fault == "hang":
             await asyncio.sleep(3600)
@@ -181,9 +176,12 @@ class FakeEngine:
             entries = [{"token": f"token_id:{t}", "logprob": lp}
                        for t, lp in zip(completion, logprobs, strict=True)]
         with_ids = fault != "no_token_ids"
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        cap = body.get("max_tokens")
+        if isinstance(cap, int) and 0 < cap < len(completion):  # as vLLM: cut, "length"
+            completion, entries, finish = completion[:cap], entries[:cap], "length"
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(completion),
                  "total_tokens": len(prompt) + len(completion)}
-        finish = "tool_calls" if message.get("tool_calls") else "stop"
         if not body.get("stream"):
             if self.token_delay_s:  # a whole reply takes as long as its tokens would stream
                 await asyncio.sleep(self.token_delay_s * len(completion))
@@ -196,7 +194,7 @@ class FakeEngine:
             if with_ids:
                 choice["token_ids"] = completion.tolist()
                 reply["prompt_token_ids"] = prompt.tolist()
-            await _send_json(send, 200, reply)
+            await send_json(send, 200, reply)
             return
         await self._stream(send, body, prompt, message, completion, entries, usage, finish,
                            with_ids, fault)
@@ -242,7 +240,18 @@ class FakeEngine:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
-def _check(body: Any) -> None:
+async def answer_lifespan(receive: Any, send: Any) -> None:
+    """The ASGI lifespan protocol for an app with nothing to start or stop."""
+    while True:
+        event = await receive()
+        if event["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        else:
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def check_chat_request(body: Any) -> None:
     """The little validation vLLM's pydantic request model would do, for what the fake reads."""
     if not isinstance(body, dict):
         raise TypeError("body must be an object")
@@ -262,7 +271,7 @@ def _check(body: Any) -> None:
         raise ValueError("tools must be a list of function tools")
 
 
-async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:
+async def send_json(send: Any, status: int, body: dict[str, Any]) -> None:
     data = dumps(body)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),

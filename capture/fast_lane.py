@@ -18,6 +18,12 @@ Anything unusual about a request (`Expect: 100-continue`, a declared body over t
 percent-encoded path, a root path, an upgrade, a request pipelined behind another) is left to
 uvicorn's own path, which serves it exactly as before; so is every request the app does not claim.
 
+The public-port checks (capture.guard) are called from here, and only called: a claimed request's
+handler may carry a `precheck(headers)` (the session key, from the head alone) whose refusal is
+written before any of the body is read; every connection's head and body read times and its head's
+size are kept by a `guard.ConnectionGuard`; a request past uvicorn's `limit_concurrency` is left
+to uvicorn's own 503.
+
 The subclass leans on attributes of uvicorn's protocol that are not its public API (read against
 uvicorn 0.54; the same since 0.40). `fast_lane_protocol` checks the installed uvicorn is in that
 range and has them, and otherwise says so in the log and returns None: the server then runs on
@@ -34,6 +40,8 @@ from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from .guard import DRAIN_BYTES, ConnectionGuard, Limits
 
 __all__ = ["FastLaneHandler", "fast_lane_protocol"]
 
@@ -58,7 +66,7 @@ class _Call:
     """One fast-lane request: its body, then its response written to the transport."""
 
     __slots__ = ("body", "chunked", "complete", "disconnect", "handler", "head", "keep_alive",
-                 "left", "limit", "protocol", "scope", "size", "started")
+                 "left", "limit", "protocol", "refused", "scope", "size", "started")
 
     def __init__(self, protocol: FastLaneProtocol, handler: FastLaneHandler,
                  scope: dict[str, Any], keep_alive: bool, limit: int) -> None:
@@ -69,8 +77,14 @@ class _Call:
         self.head: bytes | None = None
         self.started = self.chunked = self.complete = self.left = False
         self.disconnect: asyncio.Future[None] | None = None
+        self.refused = False  # answered from its head (capture.guard): its body is dropped
 
     def add(self, chunk: bytes) -> None:
+        if self.refused:
+            self.size += len(chunk)
+            if self.size > DRAIN_BYTES:
+                self.protocol.transport.close()
+            return
         # Past the limit the rest is dropped: the handler sees limit + 1 bytes and refuses (413).
         if self.size <= self.limit:
             self.body.append(chunk[: self.limit + 1 - self.size])
@@ -148,14 +162,42 @@ class FastLaneProtocol(HttpToolsProtocol):
 
     claim: Callable[[str], FastLaneHandler | None]
     limit: int
+    limits: Limits
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._call: _Call | None = None  # the fast-lane call being received or served
         self._receiving = False  # the parser is inside that call's request
+        self._clock: ConnectionGuard | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._clock = ConnectionGuard(self, self.limits)
+        self._clock.opened()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._clock is not None:  # counted once parsed: a head still open after it grows
+            self._clock.received(len(data))
+
+    def responding(self) -> bool:
+        """Whether a response on this connection is under way (no 408 or 431 into it)."""
+        if self._call is not None and (self._call.refused or not self._receiving):
+            return True
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._clock is not None:
+            self._clock.head_started()
 
     def on_headers_complete(self) -> None:
+        if self._clock is not None:
+            self._clock.head_done()
         call = self._claimed()
+        if call is not None and call.refused:
+            self._call, self._receiving = call, True
+            return
         if call is None:
             if self._call is not None:  # pipelined behind a call in the fast lane: uvicorn queues it
                 self.cycle = _InFlight()  # type: ignore[assignment]
@@ -176,6 +218,19 @@ class FastLaneProtocol(HttpToolsProtocol):
         handler = self.claim(path)
         if handler is None:
             return None
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            return None  # uvicorn's path answers 503
+        precheck = getattr(handler, "precheck", None)
+        refusal = precheck(self.headers) if precheck is not None else None
+        if refusal is not None:  # answered now, before any body byte is read (capture.guard)
+            self.transport.write(refusal)
+            declared = next((v for n, v in self.headers if n == b"content-length"), b"")
+            if not declared.isdigit() or int(declared) > DRAIN_BYTES:
+                self.transport.close()  # a body it will not drain: closed at once
+            call = _Call(self, handler, self.scope, False, self.limit)
+            call.refused = True
+            return call
         for name, value in self.headers:
             if name == b"content-length" and (not value.isdigit() or int(value) > self.limit):
                 return None  # uvicorn's path answers it (413, or its parser's 400)
@@ -194,10 +249,16 @@ class FastLaneProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._clock is not None:
+            self._clock.body_done()
         if not self._receiving:
             super().on_message_complete()
             return
         self._receiving = False
+        if self._call is not None and self._call.refused:  # its answer is out: close
+            self._call = None
+            self.transport.close()
+            return
         # Started eagerly: the handler runs now, inside this parser callback, up to its first wait
         # (the engine's reply), instead of one loop iteration later.
         task = asyncio.Task(self._serve(self._call), loop=self.loop,  # type: ignore[arg-type]
@@ -226,6 +287,8 @@ class FastLaneProtocol(HttpToolsProtocol):
                 self.on_response_complete()  # uvicorn: start a queued request, or arm keep-alive
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._clock is not None:
+            self._clock.stop()
         if self._call is not None:
             self._call.hang_up()
         super().connection_lost(exc)
@@ -241,14 +304,16 @@ class FastLaneProtocol(HttpToolsProtocol):
 UVICORN_TESTED = ((0, 40), (0, 55))
 _USES = ("on_message_begin", "on_url", "on_header", "on_headers_complete", "on_body",
          "on_message_complete", "on_response_complete", "connection_lost", "shutdown",
-         "data_received", "pause_writing", "resume_writing")
+         "data_received", "pause_writing", "resume_writing", "connection_made")
 
 
 def fast_lane_protocol(claim: Callable[[str], FastLaneHandler | None], limit: int,
-                       uvicorn_version: str | None = None) -> type[FastLaneProtocol] | None:
+                       uvicorn_version: str | None = None, limits: Limits | None = None
+                       ) -> type[FastLaneProtocol] | None:
     """uvicorn's httptools protocol with `claim(path)`'s POSTs served in the fast lane, their
-    bodies capped at `limit` bytes (a larger declared body is left to the app's own 413); None
-    (and a warning) when the installed uvicorn is not one the lane was read against."""
+    bodies capped at `limit` bytes (a larger declared body is left to the app's own 413), and
+    `limits`' read times kept on every connection (capture.guard); None (and a warning) when the
+    installed uvicorn is not one the lane was read against."""
     version = uvicorn_version or uvicorn.__version__
     try:
         found = tuple(int(part) for part in version.split(".")[:2])
@@ -262,4 +327,4 @@ def fast_lane_protocol(claim: Callable[[str], FastLaneHandler | None], limit: in
                        version, *low, *high, f", it lacks {missing}" if missing else "")
         return None
     return type("FastLaneProtocol", (FastLaneProtocol,), {
-        "claim": staticmethod(claim), "limit": limit})
+        "claim": staticmethod(claim), "limit": limit, "limits": limits or Limits()})

@@ -13,16 +13,26 @@ port clash fails in the caller's thread with the OS error instead of inside uvic
 Binds 127.0.0.1 unless told otherwise: a capture proxy is an open door to the engine for whoever
 holds a session secret, and to every trace for whoever holds the admin key. The admin key is
 generated (secrets.token_urlsafe) when not given.
+
+On a non-loopback address (the HF Jobs launcher's 0.0.0.0) the admin routes are not served there:
+they get their own listener on 127.0.0.1 (`admin_port`, 0 = any free one), served by the same
+server and event loop, and `admin_url` is where to reach them (on loopback, `admin_url == url`).
+`admin_on_public=True` serves them on the public address too (`False` gives them their own
+listener even on loopback). A public address is refused unless
+the server runs the protocol that keeps capture.guard's read times (httptools, a uvicorn the fast
+lane was read against): a public port without them would be open to slow-read peers.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import secrets
 from pathlib import Path
 from types import TracebackType
 
-from .app import DEFAULT_MAX_BODY_BYTES, create_app
+from .app import create_app
+from .guard import Limits
 from .serving import ThreadedUvicorn
 
 __all__ = ["CaptureServer"]
@@ -41,16 +51,26 @@ class CaptureServer:
         data_dir: Path | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_body_bytes: int | None = None,
         upstream_timeout_s: float = 600.0,
         public_url: str | None = None,
+        limits: Limits | None = None,
+        fsync: str = "interval",
+        fsync_interval_s: float = 1.0,
+        admin_port: int = 0,
+        admin_on_public: bool | None = None,
     ) -> None:
+        """`limits`: capture.guard; `fsync` / `fsync_interval_s`: capture.calllog's durability
+        policy; `admin_port` / `admin_on_public`: the module docstring (None: a separate admin
+        listener exactly when `host` is not loopback; False: always one; True: never)."""
         self.engine_url = engine_url
         self.admin_key = admin_key or secrets.token_urlsafe(32)
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.host = host
         self.port = port
-        self.max_body_bytes = max_body_bytes
+        self.admin_port = admin_port
+        self.separate_admin = (not _is_loopback(host) if admin_on_public is None
+                               else not admin_on_public)
         self.app = create_app(
             engine_url,
             admin_key=self.admin_key,
@@ -58,7 +78,11 @@ class CaptureServer:
             max_body_bytes=max_body_bytes,
             upstream_timeout_s=upstream_timeout_s,
             public_url=public_url,
+            limits=limits,
+            fsync=fsync,
+            fsync_interval_s=fsync_interval_s,
         )
+        self.limits: Limits = self.state.limits
         self._runner: ThreadedUvicorn | None = None
 
     @property
@@ -68,14 +92,29 @@ class CaptureServer:
         return f"http://{host}:{self.port}"
 
     @property
+    def admin_url(self) -> str:
+        """Where the admin routes are served (== `url` unless the proxy binds a public address)."""
+        if not self.separate_admin:
+            return self.url
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
     def state(self):  # noqa: ANN201 - CaptureState; for tests and the benchmark
         return self.app.state.capture
 
     def start(self, timeout_s: float = 30.0) -> CaptureServer:
-        self._runner = ThreadedUvicorn(self.app, self.host, self.port,
-                                       fast_lane=(self.app.fast_lane, self.max_body_bytes))
-        self.port = self._runner.start(timeout_s)
-        logger.info("capture proxy serving on %s -> engine %s", self.url, self.engine_url)
+        runner = ThreadedUvicorn(
+            self.app, self.host, self.port,
+            fast_lane=(self.app.fast_lane, self.limits.max_body_bytes), limits=self.limits,
+            also=("127.0.0.1", self.admin_port) if self.separate_admin else None)
+        self.port = runner.start(timeout_s, require_guard=not _is_loopback(self.host))
+        self._runner = runner
+        if self.separate_admin:
+            self.admin_port = runner.also_port or 0
+            self.state.admin_port = self.admin_port
+            self.state.agent_url = self.url
+        logger.info("capture proxy serving on %s (admin on %s) -> engine %s", self.url,
+                    self.admin_url, self.engine_url)
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -93,3 +132,12 @@ class CaptureServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: assume it reaches beyond this host

@@ -3,7 +3,8 @@
 Used by CaptureServer and by the fake engine. The socket is bound before the thread starts so the
 port (`0` = any free one) is known when `start()` returns and a bind error is raised in the caller's
 thread. uvloop and httptools are used when installed: they halve uvicorn's per-request CPU. An app
-may have some of its requests served in `capture.fast_lane` (the capture proxy's model calls).
+may have some of its requests served in `capture.fast_lane` (the capture proxy's model calls), and
+be served on more than one address by the same server and event loop (the proxy's admin listener).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 
 import uvicorn
 
-from .fast_lane import FastLaneHandler, fast_lane_protocol
+from .fast_lane import FastLaneHandler, FastLaneProtocol, fast_lane_protocol
+from .guard import Limits
 
 __all__ = ["ThreadedUvicorn", "fast_http", "fast_loop", "read_body"]
 
@@ -63,25 +65,48 @@ class ThreadedUvicorn:
     """One uvicorn server on its own thread and event loop."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
-                 fast_lane: tuple[Callable[[str], FastLaneHandler | None], int] | None = None
-                 ) -> None:
-        """`fast_lane`: (claim, body limit) for `capture.fast_lane` (used when httptools is)."""
+                 fast_lane: tuple[Callable[[str], FastLaneHandler | None], int] | None = None,
+                 *, limits: Limits | None = None, also: tuple[str, int] | None = None) -> None:
+        """`fast_lane`: (claim, body limit) for `capture.fast_lane` (used when httptools is);
+        `limits`: capture.guard's connection bound and read times; `also`: a second address
+        (host, port) served by the same server (`also_port` once started)."""
         self.app = app
         self.fast_lane = fast_lane
+        self.limits = limits
         self.host = host
         self.port = port
+        self.also = also
+        self.also_port: int | None = None
+        self.guarded = False  # whether guard's read times run (the fast-lane protocol serves)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._socket: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
 
-    def start(self, timeout_s: float = 30.0) -> int:
-        """Bind, start serving, wait until uvicorn is up; returns the bound port."""
-        self._socket = bind(self.host, self.port)
-        self.port = self._socket.getsockname()[1]
+    def start(self, timeout_s: float = 30.0, *, require_guard: bool = False) -> int:
+        """Bind, start serving, wait until uvicorn is up; returns the bound port.
+        `require_guard`: raise RuntimeError, before binding anything, unless the protocol that
+        keeps capture.guard's read times will serve."""
+        protocol = self._protocol()
+        self.guarded = isinstance(protocol, type) and issubclass(protocol, FastLaneProtocol)
+        if require_guard and not self.guarded:
+            raise RuntimeError(
+                f"refusing to serve on the public address {self.host}: the server cannot run "
+                "the protocol that bounds header and body read times (capture.guard; it needs "
+                "httptools and a uvicorn capture.fast_lane was read against, see the warning "
+                "logged above). Install those, or bind 127.0.0.1 behind a tunnel.")
+        self._sockets = [bind(self.host, self.port)]
+        self.port = self._sockets[0].getsockname()[1]
+        if self.also is not None:
+            try:
+                self._sockets.append(bind(*self.also))
+            except OSError:
+                self._sockets[0].close()
+                raise
+            self.also_port = self._sockets[1].getsockname()[1]
         config = uvicorn.Config(
             self.app,
             loop=fast_loop(),
-            http=self._protocol(),
+            http=protocol,
             log_level="warning",
             access_log=False,
             lifespan="on",
@@ -90,6 +115,8 @@ class ThreadedUvicorn:
             # the client address, and the middleware is one more layer on every call.
             proxy_headers=False,
             backlog=2048,
+            # capture.guard: past it, a request is answered 503 (uvicorn's own check)
+            limit_concurrency=self.limits.max_connections if self.limits is not None else None,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name=f"uvicorn-{self.port}",
@@ -108,11 +135,11 @@ class ThreadedUvicorn:
     def _protocol(self) -> Any:
         if fast_http() != "httptools" or self.fast_lane is None:
             return fast_http()
-        return fast_lane_protocol(*self.fast_lane) or fast_http()
+        return fast_lane_protocol(*self.fast_lane, limits=self.limits) or fast_http()
 
     def _serve(self) -> None:
-        assert self._server is not None and self._socket is not None
-        serve = self._server.serve(sockets=[self._socket])
+        assert self._server is not None and self._sockets
+        serve = self._server.serve(sockets=self._sockets)
         if fast_loop() == "uvloop":
             import uvloop
 
@@ -128,6 +155,7 @@ class ThreadedUvicorn:
             if self._thread.is_alive() and self._server is not None:
                 self._server.force_exit = True
                 self._thread.join(timeout_s)
-        if self._socket is not None:
-            self._socket.close()
-        self._server = self._thread = self._socket = None
+        for sock in self._sockets:
+            sock.close()
+        self._sockets = []
+        self._server = self._thread = None

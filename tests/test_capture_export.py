@@ -18,6 +18,7 @@ import pytest
 from openenv.core.harness.training import TrainingTrace
 
 from capture import export
+from capture.calllog import CallLog, read_records
 from capture.errors import NothingTrainableError
 from capture.export import iter_trace_json, plan_export, trace_json
 from capture.recorder import Capture
@@ -101,17 +102,18 @@ def test_the_streamed_export_is_the_same_json_in_pieces_of_any_size(branched, mo
 
 def test_a_restored_session_exports_the_same_trace(branched, tmp_path):
     session, _ = branched
-    session.log_path = tmp_path / "calls.jsonl"
+    session.log = CallLog(tmp_path / "calls.jsonl", "never")
     replayed = Session("s", "secret", SamplingPolicy.from_dict(None))
     for node in session.graph:  # write what record_ok would have, then replay it
-        session._append({"kind": "call", "node_id": node.node_id, "parent_id": node.parent_id,
-                         "start": node.start, "seg": node.seg.tolist(),
-                         "completion": node.completion.tolist(),
-                         "logprobs": [None if math.isnan(x) else x for x in node.logprobs],
-                         "info": node.info})
-    for line in session.log_path.read_bytes().splitlines():
-        replayed.replay(line)
-    assert trace_json(replayed) == trace_json(session)
+        session.log.append({"kind": "call", "node_id": node.node_id, "parent_id": node.parent_id,
+                            "start": node.start, "seg": node.seg.tolist(),
+                            "completion": node.completion.tolist(),
+                            "logprobs": [None if math.isnan(x) else x for x in node.logprobs],
+                            "info": node.info})
+    session.log.close()
+    records, torn = read_records(session.log.path)
+    replayed.replay(records)
+    assert torn == 0 and trace_json(replayed) == trace_json(session)
 
 
 def test_a_session_with_only_aux_calls_says_why_instead_of_exporting_nothing():

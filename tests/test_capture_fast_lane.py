@@ -30,6 +30,7 @@ class LaneApp:
 
     def __init__(self) -> None:
         self.left = threading.Event()
+        self.first_token = threading.Event()  # the test says when the stream's first event may go
 
     def fast_lane(self, path: str) -> Any:
         return {"/fast": self.fast, "/slow": self.slow, "/wait": self.wait,
@@ -56,7 +57,8 @@ class LaneApp:
         await receive()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
-        await asyncio.sleep(0.5)  # the engine's first token is slow to come
+        # the engine's first token comes only once the test has the head (or after a minute)
+        await asyncio.get_running_loop().run_in_executor(None, self.first_token.wait, 60)
         await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -182,7 +184,7 @@ def test_a_handler_hears_the_client_leave(lane):
     sock.sendall(post("/wait", b"x"))
     time.sleep(0.1)
     sock.close()
-    assert app.left.wait(5), "the fast lane's receive() never said http.disconnect"
+    assert app.left.wait(60), "in 60 s the fast lane's receive() never said http.disconnect"
 
 
 def test_the_capture_proxy_serves_its_model_calls_in_the_fast_lane():
@@ -209,12 +211,18 @@ def test_an_untested_uvicorn_turns_the_lane_off_and_says_so(caplog):
 
 
 def test_a_streamed_reply_sends_its_head_at_once_and_its_events_chunked(lane):
-    _, port = lane
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+    app, port = lane
+    app.first_token.clear()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(post("/stream", b"x"))
-        started = time.monotonic()
-        head = sock.recv(65536)
-        assert time.monotonic() - started < 0.4, "the head waited for the first event"
+        # The first event is held until the head is here: a lane that held the head for it
+        # would leave this recv waiting (socket timeout, 30 s, before the handler's 60 s).
+        try:
+            head = sock.recv(65536)
+        except TimeoutError:
+            pytest.fail("in 30 s no head came: the head waited for the first event")
+        finally:
+            app.first_token.set()
         assert head.endswith(b"\r\n\r\n") and b"transfer-encoding: chunked" in head, head
         rest = b""
         while not rest.endswith(b"0\r\n\r\n"):

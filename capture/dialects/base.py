@@ -102,6 +102,10 @@ class StreamEncoder(ABC):
     def fail(self, message: str) -> bytes:
         """The call failed mid-stream: an error event in the dialect's format, then the end."""
 
+    def set_prompt_tokens(self, n: int) -> None:  # noqa: B027 - optional hook, most ignore it
+        """The engine's prompt length, told before the first chunk when the core cut the prompt
+        ids out of it (a dialect that reports it up front, like Anthropic's message_start)."""
+
 
 class Dialect(ABC):
     """Translators for one agent wire format. Stateless; one shared instance per dialect."""

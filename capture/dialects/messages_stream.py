@@ -16,8 +16,9 @@ Event order (what the real API sends and Claude Code 2.1 parses):
 A block is closed before the next one opens. Text and tool-input JSON are passed on the moment
 the engine sends them; tool input arrives as the raw JSON fragments vLLM's hermes parser cuts
 from the model output, which Claude Code concatenates and parses at content_block_stop.
-`message_start` is sent with the first engine chunk, which carries `prompt_token_ids`, so
-`input_tokens` is the engine's real prompt length.
+`message_start` is sent with the first engine chunk, which carries `prompt_token_ids` (or the core
+cut them out of it first and told their count: `set_prompt_tokens`), so `input_tokens` is the
+engine's real prompt length.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class MessagesStreamEncoder(StreamEncoder):
         self._completion_tokens = 0
         self._cached = 0
         self._usage_seen = False
+
+    def set_prompt_tokens(self, n: int) -> None:
+        self._prompt_tokens = n
 
     def _start(self, chunk: dict) -> bytes:
         self._started = True
