@@ -10,10 +10,17 @@ asked anything, so a retry costs no engine time and changes no statistics).
     │   ├── SandboxStartError             retryable: the sandbox did not start
     │   ├── ProxyUnreachableError         retryable: the capture proxy refused or timed out
     │   ├── AgentStartError               retryable: the agent exited before its first model call
-    │   └── ProxySessionLostError         the proxy forgot the session mid-run (deleted, restarted)
+    │   ├── ProxySessionLostError         the proxy forgot the session mid-run (deleted, restarted)
+    │   └── EngineFailureError            the proxy recorded engine/proxy failures of this rollout
     ├── AgentTimeoutError                 timeout: the agent ran past its limit (also TimeoutError)
     └── VerifierError                     verifier_failure: the verifier gave no usable reward
         └── RewardMissingError            no reward.txt / reward.json, or not the selected key
+
+One cause is not an error: `tampered` (the agent kept its grade from being fair: it left state
+in the grading paths, filled the disk, killed the grader, or the grader works on a fresh copy of
+the task but not after it). The session scores such a rollout 0.0 and the factory labels it;
+it is trainable and part of its group's baseline, so failing that way costs the policy as
+much as failing the task.
 
 What this module refuses to do: classify a failure by reading its message. A foreign error
 (Harbor, httpx, bwrap) is translated into one of these classes at the one place that calls the
@@ -34,6 +41,7 @@ __all__ = [
     "AgentStartError",
     "AgentTimeoutError",
     "Cause",
+    "EngineFailureError",
     "HarnessError",
     "InfraError",
     "ProxySessionLostError",
@@ -44,19 +52,23 @@ __all__ = [
     "cause_of",
 ]
 
-Cause = Literal["ok", "model_failure", "timeout", "infra_failure", "verifier_failure"]
+Cause = Literal["ok", "model_failure", "timeout", "tampered", "infra_failure", "verifier_failure"]
 
 # Order is the order metrics print in.
 CAUSES: Final[tuple[Cause, ...]] = (
     "ok",
     "model_failure",
     "timeout",
+    "tampered",
     "infra_failure",
     "verifier_failure",
 )
 # A trainable rollout has captured turns a policy produced; the others are counted, never trained
 # and never part of a group baseline (a broken sandbox says nothing about the policy).
-TRAINABLE_CAUSES: Final[frozenset[Cause]] = frozenset({"ok", "model_failure", "timeout"})
+# `tampered` is trainable: scored 0.0, inside the baseline (leaving it out would reward it).
+TRAINABLE_CAUSES: Final[frozenset[Cause]] = frozenset(
+    {"ok", "model_failure", "timeout", "tampered"}
+)
 
 
 class HarnessError(Exception):
@@ -98,6 +110,15 @@ class ProxySessionLostError(InfraError):
 
     Not retried: the agent already spent engine time, and a vanished session usually means the
     proxy is shutting down, which a retry would only hit again.
+    """
+
+
+class EngineFailureError(InfraError):
+    """The capture proxy recorded failed engine or proxy calls (its `failed_calls.infra`) during
+    the rollout: whatever the agent did after, its run is no sample of the policy.
+
+    Not retried: the agent already spent engine time, and an engine that fails calls is more
+    likely to fail the retry too; it is counted as infra_failure.
     """
 
 

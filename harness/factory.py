@@ -269,14 +269,21 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
             # On timeout session.timed_out is set; the turns it captured still train.
             with contextlib.suppress(AgentTimeoutError):
                 await session.a_wait_for_completion()
-            verified = await session.a_verify()
+            try:
+                verified = await session.a_verify()
+            finally:
+                result.verifier_output = session.verifier_output
             result.rewards = dict(session.rewards)
             result.env_reward = verified.env_reward
             result.trace = await self._fetch_trace(session)
             result.outcome = build_outcome(
                 result.trace, env_reward=result.env_reward, timed_out=session.timed_out
             )
-            result.cause = _cause_of_finished(session.timed_out, result.env_reward)
+            result.cause = _cause_of_finished(
+                session.timed_out, result.env_reward, tampered=bool(session.tampered)
+            )
+            if session.tampered:
+                result.error = "tampered: " + "; ".join(session.tampered)
         except Exception as exc:
             error = exc
             result.cause = cause_of(exc)
@@ -313,7 +320,10 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
         return sem
 
 
-def _cause_of_finished(timed_out: bool, env_reward: float | None) -> Cause:
+def _cause_of_finished(timed_out: bool, env_reward: float | None, *, tampered: bool) -> Cause:
+    """The cause of a rollout that ran and was graded (tampering outranks a timeout)."""
+    if tampered:
+        return "tampered"
     if timed_out:
         return "timeout"
     return "ok" if env_reward is not None and env_reward > 0 else "model_failure"

@@ -20,12 +20,15 @@ dialect turns those into the same few numbers:
 
 Counting rules (the seed's, TRL 1.16 `_tool_failures_by_name`, made dialect-neutral):
 - tool_call_count / tool_calls_by_name: every tool call in every non-aux turn's response.
-- A tool result is a failure when the agent's own record says so (Anthropic `is_error: true`,
-  a Responses output whose `success` is false or whose metadata `exit_code` is non-zero,
-  mini-swe-agent's `{"returncode": N}` with N != 0), else when its text contains
-  error, failed, traceback or exception (any case). Each distinct (tool, first 200 chars of
-  text) is counted once, across all turns: a transcript resent on every call must not count one
-  failure once per turn.
+- Tool failures are counted per call. A result's status is the agent's own record when it has
+  one (Anthropic `is_error`, a Responses output's `success` or metadata `exit_code`,
+  mini-swe-agent's `{"returncode": N}`): an explicit exit status wins over the text, so exit 0
+  with "error" in its output is a success. Only a result with no record is judged by its text
+  (error, failed, traceback or exception, any case).
+- One call, one count: a result is keyed by the id of the call it answers, so a transcript
+  resent on every call counts each failure once, while two calls failing with the same text
+  count twice. A result without a call id is keyed by (tool, text, its position among
+  identical results of one request): the most any single request holds is what counts.
 - completion: the last non-aux turn's request transcript plus its reply, normalised to chat
   message dicts (role, content, tool_calls, tool_call_id) whatever the dialect, so a reward
   function reads one shape.
@@ -89,8 +92,7 @@ def build_outcome(
     by_id = {(e.get("metadata") or {}).get("node_id"): e for e in entries}
     calls: dict[str, int] = {}
     names: dict[Any, str] = {}  # tool call id -> tool name, across turns
-    seen: set[tuple[str, str]] = set()
-    failures = 0
+    verdicts: dict[Any, bool] = {}  # one per call: its id, or (tool, text, k) without one
     last: dict[str, Any] | None = None
     for entry in entries:
         metadata = entry.get("metadata") or {}
@@ -101,14 +103,19 @@ def build_outcome(
         for call_id, name in reader.calls(response):
             names[call_id] = name
             calls[name] = calls.get(name, 0) + 1
+        repeats: dict[tuple[str, str], int] = {}
         for result in reader.results(request, names):
-            key = (result.name, result.text[:200])
-            if key in seen:
-                continue
-            seen.add(key)
-            if result.flagged_error or _text_says_failure(result.text):
-                failures += 1
+            key: Any = result.call_id
+            if key is None:
+                same = (result.name, result.text)
+                repeats[same] = repeats.get(same, 0) + 1
+                key = (*same, repeats[same])
+            if key not in verdicts:
+                verdicts[key] = (
+                    result.failed if result.failed is not None else _text_says_failure(result.text)
+                )
         last = entry
+    failures = sum(verdicts.values())
     return HarnessRolloutOutcome(
         env_reward=env_reward,
         completion=_completion(last, by_id) if last is not None else [],

@@ -12,7 +12,8 @@ Four shapes, one small class each, all answering the same four questions of a tu
     Messages   Anthropic Messages: tool_use / tool_result blocks, is_error
 
 A reader never decides what counts as a failure beyond the agent's own record
-(`ToolResult.flagged_error`); the failure words are `harness.outcome`'s rule.
+(`ToolResult.failed`: True / False when the record states an exit status or error flag, None
+when it says nothing); the failure words, used only for None, are `harness.outcome`'s rule.
 """
 
 from __future__ import annotations
@@ -30,11 +31,23 @@ _RETURNCODE = re.compile(r"<returncode>\s*(-?\d+)\s*</returncode>")
 
 @dataclass(frozen=True)
 class ToolResult:
-    """One tool result as the agent recorded it: tool name, text, and its own error flag."""
+    """One tool result as the agent recorded it.
+
+    name:    the tool's name (from the call it answers)
+    text:    its text
+    failed:  the agent's own record: True (non-zero exit, is_error, success false), False (exit
+             0, is_error false, success true), None (no record: the text decides)
+    call_id: the id of the call it answers (None when the shape carries none)
+    """
 
     name: str
     text: str
-    flagged_error: bool
+    failed: bool | None
+    call_id: Any = None
+
+    @property
+    def flagged_error(self) -> bool:
+        return self.failed is True
 
 
 def _text_of(content: Any) -> str:
@@ -56,27 +69,31 @@ def _text_of(content: Any) -> str:
     return json.dumps(content, sort_keys=True, default=str)
 
 
-def _record_failed(text: str) -> bool:
-    """The agent's own exit-code record says the command failed.
+def _record_failed(text: str) -> bool | None:
+    """The agent's own exit-code record in a result's text: failed (True), succeeded (False),
+    or no record (None).
 
     mini-swe-agent 2.x writes {"returncode": N, "output": ...} (1.x: <returncode>N</returncode>);
-    Codex's JSON tool output carries {"metadata": {"exit_code": N}}. N != 0 is a failure.
+    Codex's JSON tool output carries {"metadata": {"exit_code": N}}. N != 0 is a failure, and
+    N == 0 is a success whatever the output says (a grep for "error" that found none).
     """
     match = _RETURNCODE.search(text)
     if match is not None:
         return int(match.group(1)) != 0
     if not text.lstrip().startswith("{"):
-        return False
+        return None
     try:
         parsed = json.loads(text)
     except ValueError:
-        return False
+        return None
     if not isinstance(parsed, dict):
-        return False
+        return None
     code = parsed.get("returncode", parsed.get("exit_code"))
     if code is None and isinstance(parsed.get("metadata"), dict):
         code = parsed["metadata"].get("exit_code")
-    return isinstance(code, int) and not isinstance(code, bool) and code != 0
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code != 0
+    return None
 
 
 def _arguments(value: Any) -> str:
@@ -100,10 +117,11 @@ class _Chat:
             if m.get("role") != "tool":
                 continue
             text = _text_of(m.get("content"))
-            name = m.get("name") or names.get(m.get("tool_call_id")) or "unknown"
+            call_id = m.get("tool_call_id")
+            name = m.get("name") or names.get(call_id) or "unknown"
             # "[tool error]" is how our proxy renders an Anthropic `is_error: true` result.
-            flagged = text.startswith("[tool error]") or _record_failed(text)
-            out.append(ToolResult(name, text, flagged))
+            failed = True if text.startswith("[tool error]") else _record_failed(text)
+            out.append(ToolResult(name, text, failed, call_id))
         return out
 
     @staticmethod
@@ -205,13 +223,16 @@ class _Responses:
             if item.get("type") not in _Responses._OUTPUTS:
                 continue
             output = item.get("output")
-            flagged = False
+            failed: bool | None = None
             if isinstance(output, dict):
-                flagged = output.get("success") is False
+                success = output.get("success")
+                failed = (not success) if isinstance(success, bool) else None
                 output = output.get("content", output)
             text = _text_of(output)
-            flagged = flagged or _record_failed(text)
-            out.append(ToolResult(names.get(item.get("call_id"), "unknown"), text, flagged))
+            if failed is None:
+                failed = _record_failed(text)
+            call_id = item.get("call_id")
+            out.append(ToolResult(names.get(call_id, "unknown"), text, failed, call_id))
         return out
 
     @staticmethod
@@ -297,7 +318,9 @@ class _Messages:
             ToolResult(
                 names.get(b.get("tool_use_id")) or "unknown",
                 _text_of(b.get("content")),
-                b.get("is_error") is True,
+                # is_error is the agent's record when present; absent, the text decides
+                b["is_error"] if isinstance(b.get("is_error"), bool) else None,
+                b.get("tool_use_id"),
             )
             for m in messages
             for b in _Messages._blocks(m.get("content"))

@@ -29,7 +29,10 @@ class RolloutResult:
     """One rollout's result.
 
     cause:      ok (reward > 0) | model_failure (agent ran, reward <= 0) | timeout (stopped at its
-                limit, captured turns kept) | infra_failure (after retries) | verifier_failure.
+                time or step limit, captured turns kept) | tampered (the agent kept its grade from
+                being fair: env_reward 0.0, trained, in the baseline) | infra_failure (after
+                retries, or the proxy recorded engine/proxy failures) | verifier_failure (the
+                grader fails on a fresh sandbox of the task too, or the sandbox broke).
     trace:      the validated TrainingTrace, or None when nothing was captured / trainable.
     outcome:    HarnessRolloutOutcome built from the trace (None when there is no trace).
     env_reward: the selected reward key's value; None means unscored, never 0.0.
@@ -50,8 +53,9 @@ class RolloutResult:
     error: str | None = None
     attempts: int = 1
     timings: dict[str, float] = field(default_factory=dict)
+    verifier_output: str | None = None  # tail of the grader's stdout/stderr (harness/session.py)
 
     @property
     def trainable(self) -> bool:
-        """True when the trace is a sample of the policy (ok, model_failure, timeout) and exists."""
+        """True when the trace is a sample of the policy (see TRAINABLE_CAUSES) and exists."""
         return self.cause in TRAINABLE_CAUSES and self.trace is not None

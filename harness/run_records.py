@@ -21,6 +21,8 @@ from typing import Any
 
 from rich.table import Table
 
+from harness.errors import CAUSES
+
 __all__ = ["RecordingFactory", "result_record", "summary_tables"]
 
 
@@ -38,6 +40,7 @@ def result_record(result: Any, index: int) -> dict[str, Any]:
         "error": result.error,
         "attempts": result.attempts,
         "timings": result.timings,
+        "verifier_output": getattr(result, "verifier_output", None),
         "outcome": None if outcome is None else {
             "tool_call_count": outcome.tool_call_count,
             "tool_failure_count": outcome.tool_failure_count,
@@ -94,7 +97,7 @@ def summary_tables(records: list[dict[str, Any]], history: list[dict[str, float]
     counts: dict[str, int] = {}
     for record in records:
         counts[record["cause"]] = counts.get(record["cause"], 0) + 1
-    for cause in ("ok", "model_failure", "timeout", "infra_failure", "verifier_failure"):
+    for cause in CAUSES:
         causes.add_row(cause, str(counts.pop(cause, 0)))
     for cause, n in counts.items():
         causes.add_row(cause, str(n))

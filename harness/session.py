@@ -2,14 +2,18 @@
 
     start:  sandbox.start -> proxy create_session(sampling) -> agent.setup -> agent.run (a task)
     wait:   the agent runs its own loop to its end, its step limit or its timeout
-    verify: the task's own Harbor Verifier in the same sandbox -> rewards (reward.txt | .json)
+    verify: every process the agent left killed and the grading dirs made fresh (the local
+            sandbox's supervisor; an exec script elsewhere), then the task's own Harbor
+            Verifier in the same sandbox -> rewards (reward.txt | .json); a grade the agent
+            kept from being fair is 0.0 with `tampered` evidence (see `a_verify`)
     fetch:  the proxy's TrainingTrace for this session (engine token ids + logprobs)
     close:  ALWAYS (error, timeout, cancellation): stop the agent, stop the sandbox (kills every
             process it started), delete the proxy session, remove the trial temp dir
 
 It never drives the agent turn by turn and never scores: the reward is the verifier's, `None`
-when it gave none. Failures are raised as `harness.errors` classes (the cause label), foreign
-errors translated here, at the one place that calls Harbor, the sandbox and the proxy.
+when it gave none, 0.0 when the agent tampered with its grading. Failures are raised as
+`harness.errors` classes (the cause label), foreign errors translated here, at the one place
+that calls Harbor, the sandbox and the proxy.
 
 Protocols: OpenEnv 0.10's `TrainableSession` and `LoopOwningSession` (runtime_checkable: method
 presence) and the `ResourceSession` ABC (its tool manifest is empty: the agent owns its tools),
@@ -44,6 +48,7 @@ from harness.agents.base import HarnessAgent
 from harness.errors import (
     AgentStartError,
     AgentTimeoutError,
+    EngineFailureError,
     HarnessError,
     InfraError,
     RewardMissingError,
@@ -63,6 +68,29 @@ T = TypeVar("T")
 
 _SANDBOX_STOP_S = 30.0  # a sandbox stop past this is logged and skipped (close goes on)
 _STEP_POLL_S = 1.0  # how often the step guard asks the proxy for the turn count
+# Exit codes of a command killed by a signal someone sent (HUP, INT, KILL, TERM), not a crash.
+_KILLED_BY_SIGNAL = frozenset(128 + n for n in (1, 2, 9, 15))
+
+
+def _is_windows(env: Any) -> bool:
+    return str(getattr(env, "os", "linux")).lower().endswith("windows")
+
+
+async def _disk_full(env: Any) -> str | None:
+    """A line of evidence when the sandbox's root is (nearly) full, else None."""
+    from harness.sandboxes.local import MIN_FREE_BYTES, MIN_FREE_INODES
+
+    sandbox = getattr(env, "sandbox", None)
+    if sandbox is None or not getattr(sandbox, "running", False):
+        return None
+    result = await sandbox.exec(["stat", "-f", "-c", "%a %S %d", "/"], cwd="/", timeout_s=30)
+    try:
+        blocks, block_size, inodes = (int(x) for x in result.stdout.split())
+    except ValueError:
+        return None
+    if blocks * block_size < MIN_FREE_BYTES or 0 <= inodes < MIN_FREE_INODES:
+        return f"the sandbox's disk was full after grading ({blocks * block_size} bytes free)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -98,6 +126,9 @@ class SessionConfig:
     verifier_timeout_s: float = 300.0
     reward_key: str | None = None
     preinstalled: bool = True
+    # task dir -> whether its grader gives a reward in a fresh sandbox (the control run that
+    # decides whether a missing grade is the agent's doing); shared by a factory's sessions.
+    grader_checks: dict[str, bool] = field(default_factory=dict, compare=False)
 
 
 class HarborSession(ResourceSession):
@@ -122,6 +153,11 @@ class HarborSession(ResourceSession):
         self.exit_code: int | None = None
         self.proxy_session_id: str | None = None
         self.rewards: dict[str, float] = {}
+        self.tampered: list[str] = []  # evidence that the agent kept its grade from being fair
+        self.verifier_output: str | None = None  # the grader's stdout/stderr tail, for the record
+        self.hit_step_limit = False
+        self.killed_before_grading = 0  # processes the agent left running, killed before grading
+        self.infra_failures: dict[str, Any] = {}  # the proxy's failed_calls, when any was infra
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: LoopThread | None = None
         self._trial_dir: Path | None = None
@@ -131,6 +167,7 @@ class HarborSession(ResourceSession):
         self._close_task: asyncio.Task[None] | None = None
         self._started = False
         self._agent_started_at = 0.0
+        self._process_baseline: list[str] | None = None  # remote backends: their own processes
 
     # ---- OpenEnv ResourceSession: the agent owns its loop and its tools ------------------------
 
@@ -244,20 +281,31 @@ class HarborSession(ResourceSession):
             guard.cancel()
             await asyncio.wait({guard})
             self.timings["agent_run"] = time.monotonic() - self._agent_started_at
+        # An engine or proxy failure during the run makes it no sample of the policy, whatever
+        # the agent did next (it may have given up, or hung until its timeout): read from the
+        # proxy's own record of failed calls, never guessed from the agent's output.
+        await self._check_infra_failures()
         if self.timed_out:
             raise AgentTimeoutError(
                 f"{self._agent_name()} ran past its {limit:.0f} s limit on task {self.task_id}; "
                 "it was stopped (captured turns are kept). Raise agent_timeout_s to allow more."
             )
-        if task.cancelled():  # the step guard stopped it at its call ceiling: a normal end
+        if task.cancelled():  # the step guard stopped it at its call ceiling: its step limit
             self.exit_code = -1
+            self.hit_step_limit = self.timed_out = True
             return self.exit_code
         exc = task.exception()
         if exc is not None:
             raise exc
         assert self._agent is not None and self._agent.result is not None
         self.exit_code = self._agent.result.return_code
-        if self.exit_code != 0 and await self._model_calls() == 0:
+        calls = await self._model_calls()
+        if self.config.agent_cls.NATIVE_STEP_LIMIT and calls >= self.config.max_steps:
+            # The CLI stopped itself at its own step limit (mini-swe-agent's step_limit counts
+            # model calls). One that finished on exactly its last allowed call counts too: it
+            # had no step left, which is what `timed_out` tells a reward function.
+            self.hit_step_limit = self.timed_out = True
+        if self.exit_code != 0 and calls == 0:
             tail = (self._agent.result.stderr or self._agent.result.stdout or "")[-800:]
             raise AgentStartError(
                 f"{self._agent_name()} exited {self.exit_code} before its first model call "
@@ -268,10 +316,15 @@ class HarborSession(ResourceSession):
     async def a_verify(
         self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None
     ) -> VerifyResult:
-        """Run the task's verifier in the sandbox; `env_reward` is the selected reward key."""
-        from harbor.models.trial.paths import TrialPaths
-        from harbor.verifier.verifier import Verifier
+        """Grade the sandbox with the task's verifier; `env_reward` is the selected reward key.
 
+        Before the verifier: every process the agent left is killed and the grading dirs are
+        made fresh (`prepare_grading`, local sandbox). A grade the agent kept from being fair
+        (state it left in the grading dirs, a full disk, a grader killed from inside, a grader
+        that works on a fresh copy of the task but not after this agent) is `env_reward` 0.0
+        with `self.tampered` holding the evidence: scored, inside the group baseline, never
+        left out. A verifier that fails on a fresh copy of the task too raises VerifierError.
+        """
         if self._agent_task is not None and not self._agent_task.done():
             raise RuntimeError(
                 "verify() while the agent still runs: call wait_for_completion() first"
@@ -279,8 +332,98 @@ class HarborSession(ResourceSession):
         if self._env is None or self._trial_dir is None:
             raise RuntimeError("verify() on a session that was never started or is closed")
         t0 = time.monotonic()
+        try:
+            evidence = await self._prepare_grading()
+            if evidence:
+                return self._tampered(evidence)
+            try:
+                rewards = await self._run_verifier(self._env, self._trial_dir)
+            except VerifierError as exc:
+                evidence = await self._grading_failure_evidence(exc)
+                if evidence:
+                    return self._tampered(evidence)
+                raise
+        finally:
+            self.timings["verify"] = time.monotonic() - t0
+            self.verifier_output = _verifier_output(self._trial_dir)
+        self.rewards = rewards
+        env_reward = select_reward(self.rewards, self.config.reward_key, self.task_id)
+        return VerifyResult(
+            env_reward=env_reward,
+            done=True,
+            metrics=self._verify_metrics(),
+            artifacts={"task_id": self.task_id, "proxy_session_id": self.proxy_session_id},
+        )
+
+    def _verify_metrics(self) -> dict[str, Any]:
+        return {
+            "rewards": dict(self.rewards),
+            "timed_out": self.timed_out,
+            "hit_step_limit": self.hit_step_limit,
+            "exit_code": self.exit_code,
+            "tampered": list(self.tampered),
+            "killed_before_grading": self.killed_before_grading,
+        }
+
+    def _tampered(self, evidence: list[str]) -> VerifyResult:
+        self.tampered = list(evidence)
+        self.rewards = {}
+        log.warning("rollout on %s tampered with its grading: %s", self.task_id, evidence)
+        return VerifyResult(
+            env_reward=0.0,
+            done=True,
+            metrics=self._verify_metrics(),
+            artifacts={"task_id": self.task_id, "proxy_session_id": self.proxy_session_id},
+        )
+
+    async def _prepare_grading(self) -> list[str]:
+        """Kill the agent's leftovers and reset the grading dirs; the evidence found.
+
+        The local sandbox does it in its supervisor (`prepare_grading`); Harbor's other backends
+        through exec (harness/sandboxes/grading.py), as far as their exec user can reach.
+        """
+        prepare = getattr(self._env, "prepare_grading", None)
+        if prepare is None:
+            if self._process_baseline is None:  # Windows: no /proc, no POSIX shell
+                log.warning("no grading reset for %s: not a POSIX environment", self.task_id)
+                return []
+            from harness.sandboxes.grading import reset_for_grading
+
+            baseline = self._process_baseline
+
+            async def prepare() -> Any:
+                return await reset_for_grading(self._env, baseline)
+
+        try:
+            reset = await prepare()
+        except HarnessError:
+            raise
+        except Exception as exc:
+            raise InfraError(
+                f"could not prepare the sandbox of {self.task_id} for grading: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        self.killed_before_grading = reset.killed
+        return reset.evidence
+
+    async def _run_verifier(self, env: Any, trial_dir: Path) -> dict[str, float]:
+        """Harbor's Verifier on `env`; its rewards. Failures raised as VerifierError classes."""
+        from harbor.models.trial.paths import TrialPaths
+        from harbor.verifier.verifier import Verifier
+
+        grading = None
+        if not _is_windows(env):
+            # A fresh HOME and no user site or git hooks for the grader (local.GRADING_ENV),
+            # under whatever the task's own config sets.
+            from harness.sandboxes.local import grading_env
+
+            config = self.task.config
+            grading = grading_env(config.verifier.env, config.environment.env)
         verifier = Verifier(
-            task=self.task, trial_paths=TrialPaths(self._trial_dir), environment=self._env
+            task=self.task,
+            trial_paths=TrialPaths(trial_dir),
+            environment=env,
+            verifier_env=grading,
         )
         timeout = self._verifier_timeout()
         try:
@@ -300,20 +443,99 @@ class HarborSession(ResourceSession):
             raise VerifierError(
                 f"verifier of {self.task_id} failed: {type(exc).__name__}: {exc}"
             ) from exc
-        finally:
-            self.timings["verify"] = time.monotonic() - t0
-        self.rewards = {k: float(v) for k, v in (result.rewards or {}).items()}
-        env_reward = select_reward(self.rewards, self.config.reward_key, self.task_id)
-        return VerifyResult(
-            env_reward=env_reward,
-            done=True,
-            metrics={
-                "rewards": dict(self.rewards),
-                "timed_out": self.timed_out,
-                "exit_code": self.exit_code,
-            },
-            artifacts={"task_id": self.task_id, "proxy_session_id": self.proxy_session_id},
+        return {k: float(v) for k, v in (result.rewards or {}).items()}
+
+    async def _grading_failure_evidence(self, exc: VerifierError) -> list[str]:
+        """Why a failed grade is the agent's doing, from evidence; empty when it is not.
+
+        In order: the sandbox broke (infrastructure: not the agent's); a grading command killed
+        by a signal from inside the sandbox (nothing but the agent's code runs there, and the
+        supervisor kills only past a deadline, which raises instead); a full disk; and last the
+        control run: the task's grader on a fresh sandbox of the same task. If that grades, the
+        grader works and it was this sandbox's state, the agent's, that kept it from grading.
+        """
+        from harness.sandboxes.errors import SandboxError
+
+        cause: BaseException | None = exc
+        while cause is not None:
+            if isinstance(cause, SandboxError):
+                return []
+            cause = cause.__cause__
+        evidence = []
+        for command, code in getattr(self._env, "commands_since_reset", []):
+            if code in _KILLED_BY_SIGNAL:
+                evidence.append(
+                    f"grading command {command[:120]!r} was killed by signal {code - 128}"
+                )
+        if evidence:
+            return evidence
+        full = await _disk_full(self._env)
+        if full:
+            return [full]
+        if await self._grader_works_on_a_fresh_sandbox():
+            return [f"the grader failed after the agent ({exc}) but grades a fresh sandbox"]
+        return []
+
+    async def _grader_works_on_a_fresh_sandbox(self) -> bool:
+        """The control run: this task's verifier on a new sandbox the agent never touched.
+
+        Cached per task for the factory's life: a broken grader is found once, not per rollout.
+        A control that cannot start says nothing about the agent, so it answers False.
+        """
+        key = str(getattr(self.task, "task_dir", self.task_id))
+        cached = self.config.grader_checks.get(key)
+        if cached is not None:
+            return cached
+        trial_dir = Path(tempfile.mkdtemp(prefix=f"harness-control-{self._slug}-"))
+        request = SandboxRequest(
+            task=self.task,
+            trial_dir=trial_dir,
+            name=f"{self._slug}-control-{uuid.uuid4().hex[:8]}",
+            ro_binds={},
+            proxy_url=self.config.proxy.url,
         )
+        env = None
+        try:
+            env = self.config.sandbox.make(request)
+            await env.start(force_build=False)
+            if not hasattr(env, "prepare_grading") and not _is_windows(env):
+                # The grading dirs (the grader's HOME among them) as a real grading has them.
+                from harness.sandboxes.grading import process_baseline, reset_for_grading
+
+                await reset_for_grading(env, await process_baseline(env))
+        except Exception as exc:
+            log.warning("control sandbox for %s did not start: %r", self.task_id, exc)
+            works = None
+        else:
+            try:
+                await self._run_verifier(env, trial_dir)
+                works = True
+            except VerifierError as exc:
+                log.warning("the grader of %s fails on a fresh sandbox: %s", self.task_id, exc)
+                works = False
+        finally:
+            if env is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(env.stop(delete=True), timeout=_SANDBOX_STOP_S)
+            shutil.rmtree(trial_dir, ignore_errors=True)
+        if works is None:
+            return False
+        self.config.grader_checks[key] = works
+        return works
+
+    async def _check_infra_failures(self) -> None:
+        """Raise EngineFailureError when the proxy recorded engine/proxy failures in this run."""
+        if self.proxy_session_id is None:
+            return
+        stats = await self.config.proxy.stats(self.proxy_session_id)
+        failed = stats.get("failed_calls") or {}
+        if int(failed.get("infra") or 0) > 0:
+            self.infra_failures = dict(failed)
+            raise EngineFailureError(
+                f"the engine or the capture proxy failed {failed['infra']} call(s) of this "
+                f"rollout on {self.task_id} (by kind: {failed.get('by_kind')}); the agent's "
+                "run is no sample of the policy"
+            )
 
     async def a_fetch_training_trace(self) -> TrainingTrace:
         """The proxy's validated trace (raises the proxy's NothingTrainableError when empty)."""
@@ -345,6 +567,11 @@ class HarborSession(ResourceSession):
         try:
             self._env = self.config.sandbox.make(request)
             await self._env.start(force_build=False)
+            if not hasattr(self._env, "prepare_grading") and not _is_windows(self._env):
+                # A remote backend: note its own processes now, to kill all others at grading.
+                from harness.sandboxes.grading import process_baseline
+
+                self._process_baseline = await process_baseline(self._env)
         except HarnessError:
             raise
         except Exception as exc:
@@ -448,3 +675,17 @@ class HarborSession(ResourceSession):
                 "sync session method called on the session's own loop; await its a_* twin"
             )
         return asyncio.run_coroutine_threadsafe(coro, loop).result()  # type: ignore[arg-type]
+
+
+VERIFIER_OUTPUT_CHARS = 8000  # per stream: enough for a test report's tail, small in rollouts.jsonl
+
+
+def _verifier_output(trial_dir: Path) -> str | None:
+    """The tail of the verifier's stdout and stderr (Harbor writes them into the trial dir, which
+    close() deletes), kept so a run's record shows why a rollout got its grade."""
+    from harbor.models.trial.paths import TrialPaths
+
+    paths = TrialPaths(trial_dir)
+    parts = [p.read_text(errors="replace")[-VERIFIER_OUTPUT_CHARS:]
+             for p in (paths.test_stdout_path, paths.test_stderr_path) if p.is_file()]
+    return "\n".join(parts) or None

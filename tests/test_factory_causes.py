@@ -129,7 +129,8 @@ def test_an_agent_that_hangs_past_its_timeout_is_a_timeout_with_its_turns_kept(f
     factory = make_factory(fake_engine, f"{CALL}; sleep 600", agent_timeout_s=3)
     started = time.monotonic()
     result = rollout(factory, seed=0)
-    assert result.cause == "timeout" and time.monotonic() - started < 30
+    # cut at its 3 s timeout, not after its 600 s sleep (the rest is sandbox and verifier time)
+    assert result.cause == "timeout" and time.monotonic() - started < 300
     assert result.outcome is not None and result.outcome.timed_out is True
     assert result.trace is not None and len(result.trace.turns) == 1
     assert result.env_reward == 0.0  # the verifier still grades what the agent left behind
@@ -151,7 +152,9 @@ def test_a_verifier_that_writes_no_reward_is_a_verifier_failure(fake_engine, tmp
 
 
 def test_a_proxy_session_deleted_mid_run_is_an_infra_failure_not_retried(fake_engine):
-    factory = make_factory(fake_engine, f"{CALL}; sleep 2; {CALL}")
+    # The agent calls until a call fails: the test deletes its session after the first one,
+    # whenever that lands (a fixed pause between two calls was a window a loaded machine misses).
+    factory = make_factory(fake_engine, f"{CALL}; while {CALL} 2>/dev/null; do sleep 0.2; done")
 
     async def run():
         async def delete_after_first_call() -> None:
@@ -264,3 +267,129 @@ def test_no_more_than_max_concurrent_rollouts_run_at_once(fake_engine):
         factory.close()
     assert [r.cause for r in results] == ["model_failure"] * 5
     assert peak == 2 and live == 0
+
+
+# ---- causes the agent cannot dodge (issue 15): tampering, engine failures, the step limit -------
+
+
+def test_a_pre_written_locked_reward_is_tampered_scored_zero_and_trainable(fake_engine):
+    # The policy writes a passing grade and locks the reward folder: once this made the rollout
+    # a verifier_failure, left out of the group baseline (failing that way cost nothing).
+    lock = "echo 1 > /logs/verifier/reward.txt && chmod 555 /logs/verifier"
+    result = rollout(make_factory(fake_engine, f"{CALL} && {lock}"), seed=0)
+    assert (result.cause, result.env_reward, result.attempts) == ("tampered", 0.0, 1)
+    assert "/logs/verifier was locked" in result.error and "reward.txt" in result.error
+    assert result.trainable and result.outcome is not None and result.outcome.env_reward == 0.0
+
+
+def test_a_daemon_left_to_rewrite_the_tests_earns_nothing(fake_engine):
+    # The other attack of the issue (reward 1.0, cause ok, before): killed before grading.
+    daemon = (
+        "setsid sh -c 'while :; do [ -f /tests/test.sh ] && printf \"#!/bin/sh\\n"
+        "echo 1 > /logs/verifier/reward.txt\\n\" > /tests/test.sh; sleep 0.005; done' "
+        ">/dev/null 2>&1 < /dev/null &"
+    )
+    result = rollout(make_factory(fake_engine, f"{CALL} && {daemon}"), seed=0)
+    assert (result.cause, result.env_reward) == ("model_failure", 0.0)
+
+
+HOOKED = (  # a grader that runs code the agent controls (as real graders import the agent's code)
+    "#!/bin/bash\nmkdir -p /logs/verifier\n[ -f /app/hook.sh ] && . /app/hook.sh\n"
+    "echo 0 > /logs/verifier/reward.txt\n"
+)
+
+
+def test_agent_code_that_kills_the_grader_is_tampered(fake_engine, tmp_path):
+    task = task_copy(tmp_path, test_sh=HOOKED)
+    hook = "echo 'kill -9 $$' > /app/hook.sh"
+    result = rollout(make_factory(fake_engine, f"{CALL} && {hook}", split=[task]), seed=0)
+    assert (result.cause, result.env_reward) == ("tampered", 0.0)
+    assert "killed by signal 9" in result.error
+
+
+def test_agent_code_that_hangs_the_grader_is_tampered_by_the_control_run(fake_engine, tmp_path):
+    # The grader times out after this agent but grades a fresh sandbox of the task: the agent's.
+    task = task_copy(tmp_path, test_sh=HOOKED)
+    hook = "echo 'sleep 600' > /app/hook.sh"
+    factory = make_factory(fake_engine, f"{CALL} && {hook}", split=[task], verifier_timeout_s=3)
+    result = rollout(factory, seed=0)
+    assert (result.cause, result.env_reward) == ("tampered", 0.0)
+    assert "grades a fresh sandbox" in result.error
+    assert factory.config.grader_checks == {str(task): True}
+
+
+def test_engine_failures_the_proxy_recorded_are_an_infra_failure(fake_engine):
+    # The agent shrugs off a failed call and finishes: its run is still no sample of the policy.
+    fake_engine.fault = "http500"
+    try:
+        result = rollout(make_factory(fake_engine, f"{CALL}; {SOLVE}"), seed=0)
+    finally:
+        fake_engine.fault = None
+    assert (result.cause, result.attempts) == ("infra_failure", 1)
+    assert "EngineFailureError" in result.error and "engine_http_error" in result.error
+
+
+def test_reaching_the_step_limit_sets_timed_out(fake_engine):
+    result = rollout(make_factory(fake_engine, f"{CALL} && {CALL} && {SOLVE}", max_steps=2), seed=0)
+    assert result.cause == "timeout" and result.env_reward == 1.0
+    assert result.outcome is not None and result.outcome.timed_out is True
+
+
+def test_the_trainer_scores_a_tampered_rollout_zero_inside_its_group(fake_engine):
+    # Whatever the reward functions say (this one pays 1.0 for anything), a tampered rollout
+    # counts 0.0 in its group's baseline and trains with a negative advantage.
+    from trainer.groups import prepare_group
+    from trainer.rewards import RewardFunc
+
+    lock = "echo 1 > /logs/verifier/reward.txt && chmod 555 /logs/verifier"
+    honest = rollout(make_factory(fake_engine, f"{CALL} && {SOLVE}"), seed=0)
+    tampered = rollout(make_factory(fake_engine, f"{CALL} && {SOLVE} && {lock}"), seed=0)
+    assert (honest.cause, tampered.cause) == ("ok", "tampered")
+    group = prepare_group(
+        [honest, tampered],
+        group_index=0,
+        reward_funcs=[RewardFunc("pays_anything", lambda outcome: 1.0)],
+        scale_rewards=False,
+        dispatch_version=0,
+    )
+    assert group.rewards == [1.0, 0.0] and group.skipped is None
+    assert [r["advantage"] for r in group.per_rollout] == [0.5, -0.5]
+    assert group.causes == {"ok": 1, "tampered": 1}
+
+
+class ExecOnly:
+    """A Harbor environment seen as the session sees docker, e2b, modal or daytona: no
+    `prepare_grading`, so the session resets grading through `exec` (harness/sandboxes/grading.py).
+    The local sandbox does the work underneath; its own reset finds nothing left after ours."""
+
+    resets: ClassVar[list[str]] = []  # the grading-reset scripts the session ran through exec
+
+    def __init__(self, env):
+        self._env = env
+
+    async def exec(self, command, *args, **kwargs):
+        if "fix_dir" in command:
+            ExecOnly.resets.append(command)
+        return await self._env.exec(command, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "prepare_grading":
+            raise AttributeError(name)
+        return getattr(self._env, name)
+
+
+def test_an_exec_only_backend_gets_the_same_causes(fake_engine):
+    from harness.factory import sandbox_backend
+
+    local = sandbox_backend("local")
+    backend = SandboxBackend(make=lambda r: ExecOnly(local.make(r)), agent_url=local.agent_url)
+    lock = "echo 1 > /logs/verifier/reward.txt && chmod 555 /logs/verifier"
+    daemon = "setsid sh -c 'while :; do sleep 0.01; done' >/dev/null 2>&1 </dev/null &"
+    result = rollout(
+        make_factory(fake_engine, f"{CALL} && {daemon} {lock}", sandbox=backend, preinstalled=True),
+        seed=0,
+    )
+    assert (result.cause, result.env_reward) == ("tampered", 0.0)
+    assert "/logs/verifier was locked (mode 555)" in result.error
+    assert "held 1 entries: reward.txt" in result.error
+    assert len(ExecOnly.resets) == 1  # found by the exec-only reset, not the local sandbox's

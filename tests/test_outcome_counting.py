@@ -383,3 +383,116 @@ def test_no_trace_gives_an_empty_outcome_that_keeps_the_reward_and_the_timeout_f
     outcome = build_outcome(None, env_reward=None, timed_out=True)
     assert (outcome.completion, outcome.trace, outcome.tool_call_count) == ([], [], 0)
     assert outcome.timed_out is True and outcome.env_reward is None
+
+
+# ---- per call, explicit status first (issue 15 item 4) ------------------------------------------
+
+
+def _chat_request_turn(node_id: str, messages: list[dict]) -> dict[str, Any]:
+    return _turn(
+        node_id,
+        {"messages": messages},
+        {"choices": [{"message": {"role": "assistant", "content": ""}}]},
+        dialect="chat",
+    )
+
+
+def test_identical_failures_of_different_calls_each_count():
+    # Two bash calls failing with the same text are two failures (once: one, keyed by text).
+    messages = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [_call("c1", "bash"), _call("c2", "bash")],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "command failed"},
+        {"role": "tool", "tool_call_id": "c2", "content": "command failed"},
+    ]
+    # ... and resending both in a later request adds nothing.
+    trace = _trace(_chat_request_turn("a", messages), _chat_request_turn("b", messages))
+    assert build_outcome(trace, env_reward=0.0, timed_out=False).tool_failure_count == 2
+
+
+def test_identical_failures_without_call_ids_count_per_occurrence_not_per_request():
+    results = [{"role": "tool", "name": "bash", "content": "Error: disk"}] * 3
+    trace = _trace(
+        _chat_request_turn("a", results[:2]),  # two failures so far
+        _chat_request_turn("b", results),  # the same two resent, plus a third
+    )
+    assert build_outcome(trace, env_reward=0.0, timed_out=False).tool_failure_count == 3
+
+
+def test_an_explicit_exit_status_wins_over_the_failure_words():
+    calls = [_call(f"c{i}", "bash") for i in range(4)]
+    messages = [
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        # exit 0, although the output reads like an error: a success
+        {
+            "role": "tool",
+            "tool_call_id": "c0",
+            "content": '{"returncode": 0, "output": "0 errors"}',
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "<returncode>0</returncode> FAILED=0"},
+        # exit 1 with clean-looking output: a failure
+        {"role": "tool", "tool_call_id": "c2", "content": '{"returncode": 1, "output": "ok"}'},
+        # no record: the words decide
+        {"role": "tool", "tool_call_id": "c3", "content": "Traceback: boom"},
+    ]
+    trace = _trace(_chat_request_turn("a", messages))
+    assert build_outcome(trace, env_reward=0.0, timed_out=False).tool_failure_count == 2
+
+
+def test_explicit_success_records_of_responses_and_messages_win_over_the_words():
+    responses = {
+        "input": [
+            {"type": "function_call", "call_id": "f1", "name": "exec_command", "arguments": "{}"},
+            {
+                "type": "function_call_output",
+                "call_id": "f1",
+                "output": {"content": "no error found", "success": True},
+            },
+            {"type": "function_call", "call_id": "f2", "name": "exec_command", "arguments": "{}"},
+            {
+                "type": "function_call_output",
+                "call_id": "f2",
+                "output": json.dumps(
+                    {"output": "Exception count: 0", "metadata": {"exit_code": 0}}
+                ),
+            },
+        ]
+    }
+    messages = {
+        "messages": [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash"}]},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": "failed: 0",
+                        "is_error": False,
+                    },
+                ],
+            },
+        ]
+    }
+    trace = _trace(
+        _turn("a", responses, {"output": []}, dialect="responses"),
+        _turn("b", messages, {"content": []}, dialect="messages"),
+    )
+    assert build_outcome(trace, env_reward=0.0, timed_out=False).tool_failure_count == 0
+
+
+def test_the_verifier_output_tail_is_kept_from_the_trial_dir(tmp_path) -> None:
+    # Harbor writes the grader's streams into the trial dir, which close() deletes: the record
+    # keeps their tails, so a run shows why a rollout got its grade.
+    from harness.session import VERIFIER_OUTPUT_CHARS, _verifier_output
+
+    assert _verifier_output(tmp_path) is None
+    (tmp_path / "verifier").mkdir()
+    (tmp_path / "verifier" / "test-stdout.txt").write_text("x" * 20000 + "1 passed")
+    (tmp_path / "verifier" / "test-stderr.txt").write_text("warning: slow")
+    out = _verifier_output(tmp_path)
+    assert out is not None and out.endswith("1 passed\nwarning: slow")
+    assert len(out) == VERIFIER_OUTPUT_CHARS + 1 + len("warning: slow")

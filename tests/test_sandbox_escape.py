@@ -28,6 +28,7 @@ from harness.sandboxes import (
 )
 from harness.tasks import BUNDLED_DIR
 from launchers.paths import REPO_ROOT
+from tests.waiting import until
 
 
 @pytest.fixture
@@ -219,8 +220,9 @@ async def test_stop_kills_every_process_the_sandbox_started() -> None:
     await box.start()
     # A detached background sleeper, in its own session, that outlives the command.
     await _sh(box, "setsid nohup sleep 4321.5 >/dev/null 2>&1 & sleep 6543.5 & echo started")
-    assert len(_host_pids_with("sleep 4321.5")) == 1
-    assert len(_host_pids_with("sleep 6543.5")) == 1
+    for marker in ("sleep 4321.5", "sleep 6543.5"):
+        await until(lambda m=marker: len(_host_pids_with(m)) == 1, f"one `{marker}` running",
+                    state=lambda m=marker: _host_pids_with(m))
     private_dir = box.dir
     await box.stop()
     assert _host_pids_with("sleep 4321.5") == []
@@ -232,21 +234,21 @@ async def test_exec_timeout_kills_the_command_and_its_children(sandbox: BwrapSan
     with pytest.raises(SandboxExecTimeoutError) as info:
         await sandbox.shell("sleep 777.25 & sleep 778.5; echo never", timeout_s=1)
     assert info.value.timeout_s == 1
-    await asyncio.sleep(0.2)
-    assert _host_pids_with("sleep 777.25") == [] and _host_pids_with("sleep 778.5") == []
+    await until(lambda: _host_pids_with("sleep 777.25") == _host_pids_with("sleep 778.5") == [],
+                "the timed-out command's processes to be gone",
+                state=lambda: _host_pids_with("sleep 77"))
     # The sandbox itself survives a timed-out command.
     assert (await _sh(sandbox, "echo alive"))[1] == "alive\n"
 
 
 async def test_a_cancelled_exec_kills_its_command(sandbox: BwrapSandbox) -> None:
     task = asyncio.create_task(sandbox.shell("sleep 888.75"))
-    await asyncio.sleep(0.5)
-    assert _host_pids_with("sleep 888.75")
+    await until(lambda: _host_pids_with("sleep 888.75"), "the command to start")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.3)
-    assert _host_pids_with("sleep 888.75") == []
+    await until(lambda: _host_pids_with("sleep 888.75") == [], "the cancelled command to die",
+                state=lambda: _host_pids_with("sleep 888.75"))
 
 
 async def test_file_size_limit_stops_a_runaway_write() -> None:

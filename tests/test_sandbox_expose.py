@@ -17,6 +17,7 @@ from harbor.utils.import_path import import_class
 
 from harness.sandboxes import SANDBOX_BACKENDS, ExposeError, environment_config, expose_proxy
 from harness.sandboxes.expose import backend_problems
+from tests.waiting import wait_until
 
 PROXY = "http://127.0.0.1:41234"
 
@@ -94,10 +95,8 @@ def test_a_tunnel_command_gives_the_public_url_and_dies_on_close():
         pid = exposure.tunnel.pid
         assert _alive(pid)
         assert "41234" in "".join(exposure.tunnel.output)
-    deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid)
+    wait_until(lambda: not _alive(pid), f"the tunnel process {pid} to die after close()",
+               timeout_s=60)
 
 
 def test_a_tunnel_that_exits_without_a_url_fails_with_its_output():
@@ -115,4 +114,4 @@ def test_a_tunnel_that_prints_no_url_in_time_is_killed():
     started = time.monotonic()
     with pytest.raises(ExposeError, match="no public URL within 1s"):
         expose_proxy(PROXY, sandbox="docker", tunnel_command=command, timeout_s=1)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 45  # killed at its 1 s timeout, not after its 60 s sleep

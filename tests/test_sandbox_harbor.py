@@ -265,8 +265,8 @@ def test_the_sandboxes_package_exports_exactly_its_public_names():
         "annotations",
         "Any",
         # submodules are attributes once imported, not exports
-        "bwrap", "channel", "dockerfile", "errors", "expose", "limits", "local", "mounts",
-        "ports", "supervisor",
+        "bwrap", "channel", "dockerfile", "errors", "expose", "grading", "limits", "local",
+        "mounts", "ports", "supervisor",
     }  # fmt: skip
     assert set(package.__all__) == public | {"BwrapEnvironment"}
     assert package.BwrapEnvironment is BwrapEnvironment

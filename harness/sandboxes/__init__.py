@@ -3,11 +3,14 @@
     BwrapEnvironment  Harbor `BaseEnvironment` on bubblewrap (bwrap.py); import path
                       "harness.sandboxes.bwrap:BwrapEnvironment". Imports Harbor when first used.
     BwrapSandbox      the same sandbox without Harbor types (local.py)
+    GradingReset      what `prepare_grading()` killed and found before a verifier (local.py);
+                      grading.py does the same through `exec` for Harbor's other backends
     SandboxSpec, SandboxLimits, sandbox_url, url_forward, resolved_tool_binds, venv_binds
     SANDBOX_BACKENDS, environment_config, ProxyExposure, expose_proxy   (expose.py)
 
-The local sandbox's guarantees and gaps are listed in bwrap.py ("What is covered" / "What is not
-covered"); the supervisor protocol is in supervisor.py.
+The threat model (what each backend guarantees about grading, and what it does not) is in
+bwrap.py ("What is covered" / "What is not covered"); the supervisor protocol is in
+supervisor.py.
 """
 
 from typing import Any
@@ -31,7 +34,13 @@ from harness.sandboxes.expose import (
     expose_proxy,
 )
 from harness.sandboxes.limits import SandboxLimits, process_cap_mode
-from harness.sandboxes.local import BASE_ENV, BwrapSandbox, SandboxSpec, check_bwrap_available
+from harness.sandboxes.local import (
+    BASE_ENV,
+    BwrapSandbox,
+    GradingReset,
+    SandboxSpec,
+    check_bwrap_available,
+)
 from harness.sandboxes.mounts import resolved_tool_binds, venv_binds
 from harness.sandboxes.ports import sandbox_url, url_forward
 
@@ -41,6 +50,7 @@ __all__ = [
     "BwrapEnvironment",
     "BwrapSandbox",
     "ExposeError",
+    "GradingReset",
     "ProxyExposure",
     "SandboxClosedError",
     "SandboxDefinitionError",

@@ -26,10 +26,43 @@ What is covered
   masked) plus the read-only binds asked for; `/` is a private tmpfs capped at
   [environment].storage_mb (else 2 GiB, at most half the memory cap), gone at stop.
   The repo, $HOME, /work, /tmp of the host are not visible.
-- Tests: the task's tests/ is never bound; Harbor's verifier uploads it to /tests at verify
-  time, after the agent ran, replacing (not merging into) anything the agent put there. The
-  solution is uploaded only by Harbor's oracle agent. `kill_agent_processes()` kills the
-  agent's leftovers before grading (the session calls it; Harbor's Trial does not).
+- Tests and solution: the task's tests/ and solution/ are never bound; Harbor's verifier
+  uploads tests/ to /tests at verify time, after the agent ran, replacing (not merging into)
+  anything there. The solution is uploaded only by Harbor's oracle agent.
+- Grading out of the agent's reach (the threat: the policy is an optimizer against its grade).
+  Before the verifier starts, `prepare_grading()` has the supervisor, the sandbox's pid 1,
+  SIGKILL every other process of the sandbox's pid namespace until /proc shows none (setsid,
+  nohup, double forks, daemons, nested pid namespaces: all have a pid there), then make /,
+  /logs real dirs with their modes and /tests, /logs/verifier fresh empty real dirs (symlinks
+  and files in their place removed, locked trees unlocked and removed). What it found there
+  (a pre-written reward, a planted or locked /tests, a symlink, a lock, a full disk) is
+  returned as evidence: a Harness session then scores the rollout 0.0 with cause `tampered`,
+  inside the group baseline, without running the verifier. A verifier that still gives no
+  grade is the agent's doing when a grading command was killed by a signal, the disk is full,
+  or the grader grades a fresh sandbox of the task (a control run); only a grader that fails
+  there too, or a broken sandbox, is `verifier_failure`.
+- Hooks for the grader's own tools. The grader runs in the sandbox the agent used, so what its
+  interpreters and tools read uninvited must not be the agent's. Removed at the reset (and
+  evidence, `tampered`): a /bin, /sbin, /lib, /lib64 ... of the agent's in place of the image's
+  merged-/usr symlinks (they live in the writable root: the grader's `#!/bin/bash` and every
+  program's dynamic loader go through them); pytest's config files and conftest.py at /, the
+  one ancestor of /tests (a /pytest.ini there makes / pytest's rootdir and confcutdir, so a
+  /conftest.py that passes every test is loaded), unless the image had them as they are; a
+  pre-seeded grader HOME. The verifier's test command runs with local.GRADING_ENV (what the
+  task's own config sets wins): HOME a fresh empty dir, so nothing in the agent's HOME
+  reaches it (a usercustomize.py, sitecustomize.py, .pth or a whole shadowing package in the
+  user site, ~/.bashrc or ~/.profile for a login shell, ~/.gitconfig, a `uv` or `pytest` in
+  ~/.local/bin); PYTHONNOUSERSITE=1 even for a grader that sets HOME back; git with no hooks
+  and no fsmonitor command, whatever the repo's .git/config says. PATH holds read-only system
+  dirs only (/usr, and the /bin, /sbin links put back), /etc (profile.d, ld.so.preload,
+  sitecustomize of the system Python) is read-only, and BASH_ENV, ENV, PYTHONPATH,
+  PYTHONSTARTUP, LD_PRELOAD come only from the host (BASE_ENV, the task's config): the agent
+  can set no variable of a later command, and a non-interactive `#!/bin/bash` reads no rc file.
+- Harbor's own Trial gets the same reset: the environment runs it itself at the verifier's
+  first step (its reward-file removal, an `empty_dirs`/`reset_dirs` of the verifier dir, or an
+  upload to /tests) whenever anything else ran since the last reset, and its test command
+  (matched exactly as Harbor builds it) gets GRADING_ENV. Harbor has no `tampered` cause: there
+  a pre-written reward or a planted hook is simply removed and the task is graded on its merits.
 - Network: a fresh network namespace with only loopback. Each forwarded port is relayed to one
   host TCP address (the capture proxy); no other host port and no other address is reachable.
 - Environment: every command starts from a clean environment (BASE_ENV + the task's and
@@ -38,9 +71,9 @@ What is covered
   off, process count (a pids cgroup where writable; RLIMIT_NPROC otherwise), memory (a
   memory cgroup where writable: [environment].memory_mb, else 4 GiB). Commands run with
   oom_score_adj 1000, so an OOM kills them, not the supervisor.
-- Integrity of grading: commands inherit no descriptor but stdio, cannot ptrace or read the
-  supervisor (it is non-dumpable) and cannot signal it (it is the namespace's pid 1), so they
-  cannot forge a command's result or the verifier's files in transit.
+- Integrity of the channel: commands inherit no descriptor but stdio, cannot ptrace or read
+  the supervisor (it is non-dumpable) and cannot signal it (it is the namespace's pid 1), so
+  they cannot forge a command's result or the verifier's files in transit.
 - Teardown: stop() kills the sandbox's pid 1, so the kernel kills every process in it, then
   removes the relays, the cgroup and the private dir. `delete=False` still removes it.
 
@@ -57,11 +90,51 @@ What is not covered
 - Images: the "image" is the host's /usr. Dockerfile RUN steps run offline on it; a task that
   needs packages the host lacks fails (use a remote backend, see expose.py).
 - Host-side symlinks in ro_binds are followed when binding (bwrap resolves the source).
+- Grading runs the task's tests in the sandbox the agent used: a grader that imports or runs
+  the agent's code can be fooled by that code in ways no reset prevents (that is the task's
+  test design; Harbor's separate-verifier mode copies artifacts into a fresh environment).
+  The answer itself may be a symlink to a grader file; a grader must not compare the answer
+  with a file under /tests.
+- What a grader invites stays the task's: the verifier runs in the work dir (as `docker exec`
+  does, and graders rely on it), so `python -m pytest` or `python -c` there puts the agent's
+  dir first on sys.path (an /app/pytest.py, or an /app/re.py shadowing the standard library,
+  runs in the grader); PYTHONSAFEPATH would close that but silently fail graders that import
+  the agent's code from the work dir, so it is not set. Likewise a pytest run on tests inside
+  the work dir reads the agent's conftest.py and config there; a task that puts an
+  agent-writable dir on PATH or PYTHONPATH (Dockerfile ENV), sets BASH_ENV to a file in the
+  writable root, or has its grader `source` a file the agent can write, runs what the agent
+  left there; a git grader in the agent's repo still runs the filters and diff drivers its
+  .git/config and .gitattributes name (hooks and fsmonitor are off). Files the image's build
+  wrote to the writable root (a venv under /opt, say) are the agent's to change, as in docker.
+  Graders that write fixed names under /tmp can meet the agent's symlinks there.
+
+Harbor's other backends (docker, e2b, modal, daytona), under a Harness session
+- The session takes a baseline of the environment's own processes (pid and start time) after
+  start and, before the verifier, runs harness/sandboxes/grading.py through `exec`: SIGKILL
+  every process not in the baseline (and not its own ancestors) until none is left, the same
+  fresh grading dirs (the grader's HOME among them), pytest's config and conftest.py at /
+  removed unless the baseline had them unchanged, the same evidence and `tampered` cause, and
+  the verifier runs with the same GRADING_ENV. It reaches what the exec user may reach: as
+  root in the container (Harbor's images) that is all the agent could start or leave, within
+  the environment's pid namespace. The image itself is not covered there: the agent is root
+  over it and may change the grader's interpreter, pytest or /bin in place.
+- docker: a container on the host's kernel (namespaces, cgroups, the image's seccomp/AppArmor
+  profile); the agent is root in it. No kernel isolation beyond docker's. A docker-compose
+  task's other services are not reset.
+- e2b: a Firecracker micro-VM per sandbox (its own kernel); exec goes through the e2b daemon
+  inside it, which is in the baseline and never killed.
+- modal: a gVisor sandbox (a user-space kernel); daytona: a container-based sandbox with a
+  daemon inside for exec (in the baseline). Neither is tested here (no account, no network).
+- Harbor's own Trial on these backends gets only Harbor's behaviour: the reward files are
+  removed and tests/ is uploaded over whatever the agent left at /tests; nothing the agent
+  left running is killed. Use a Harness session (or Harbor's separate-verifier mode) for
+  grading that a policy is trained against.
 """
 
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -70,11 +143,17 @@ from typing import Any
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.trial.paths import EnvironmentPaths
+from harbor.utils.scripts import quote_shell_arg
 
 from harness.sandboxes.dockerfile import CopyStep, EnvironmentRecipe, RunStep, parse_dockerfile
-from harness.sandboxes.errors import SandboxDefinitionError, SandboxStartError
+from harness.sandboxes.errors import (
+    SandboxDefinitionError,
+    SandboxExecError,
+    SandboxPathError,
+    SandboxStartError,
+)
 from harness.sandboxes.limits import SandboxLimits
-from harness.sandboxes.local import BwrapSandbox, SandboxSpec
+from harness.sandboxes.local import BwrapSandbox, GradingReset, SandboxSpec, grading_env
 from harness.sandboxes.mounts import resolved_tool_binds
 from harness.sandboxes.ports import parse_forward, url_forward
 
@@ -112,6 +191,12 @@ class BwrapEnvironment(BaseEnvironment):
         self._base_dir = Path(base_dir) if base_dir else None
         self._recipe = EnvironmentRecipe()
         self.sandbox: BwrapSandbox | None = None
+        # Grading state: whether anything but grading ran since the last reset, each reset's
+        # report, and each command since the last reset with its exit code (the verifier's,
+        # when a reset just happened: a grader killed by a signal shows here).
+        self._agent_ran = False
+        self.grading_resets: list[GradingReset] = []
+        self.commands_since_reset: list[tuple[str, int]] = []
         super().__init__(*args, **kwargs)
         for mount in self._host_mounts:  # explicit user mounts (Harbor log dirs are copied)
             if mount.get("type") != "bind" or not mount.get("read_only"):
@@ -168,9 +253,13 @@ class BwrapEnvironment(BaseEnvironment):
             for step in steps:
                 await self._apply_step(step)
             await self._upload_environment_dir_after_start()
+            # The image is built: nothing of the build keeps running (as with docker build), and
+            # the grading dirs start fresh, so anything found in them at grading is the agent's.
+            await self.sandbox.prepare_grading(record_image=True)
         except BaseException:
             await self.sandbox.stop()
             raise
+        self._agent_ran = False
 
     def _with_task_resources(self, limits: SandboxLimits) -> SandboxLimits:
         """The task's (or Harbor's override of its) memory_mb and storage_mb replace the caps."""
@@ -210,45 +299,167 @@ class BwrapEnvironment(BaseEnvironment):
     ) -> ExecResult:
         if self.sandbox is None:
             raise SandboxStartError(f"{self.session_id}: exec before start()")
+        grading = self._is_verifier_preamble(command)
+        if grading:
+            await self._grading_starts()
+        else:
+            self._agent_ran = True
         callback = self._output_callback()
 
         async def on_output(data: bytes, stream: str) -> None:
             assert callback is not None
             await callback(data.decode(errors="replace"), stream)  # type: ignore[arg-type]
 
+        merged = self._merge_env(env)
+        if self._is_verifier_test_command(command):
+            # The grader's environment (local.GRADING_ENV) under the task's own variables.
+            extra = grading_env(merged, self.sandbox.spec.env)
+            merged = {**extra, **(merged or {})}
         result = await self.sandbox.exec(
             ["/bin/sh", "-c", command],
-            env=self._merge_env(env),
+            env=merged,
             cwd=cwd,
             timeout_s=timeout_sec,
             on_output=on_output if callback is not None else None,
         )
+        self.commands_since_reset.append((command, result.return_code))
         return ExecResult(
             stdout=result.stdout.decode(errors="replace") or None,
             stderr=result.stderr.decode(errors="replace") or result.error,
             return_code=result.return_code,
         )
 
+    # -- grading out of the agent's reach ---------------------------------------------------------
+    async def prepare_grading(self) -> GradingReset:
+        """Kill every process of the sandbox and make the grading dirs fresh (see local.py).
+
+        The Harness session calls it between the agent and the verifier and reads the returned
+        evidence. Harbor's own Trial does not know it: for that path the environment calls it
+        itself, at the verifier's first step after anything else ran (`_grading_starts`).
+        """
+        if self.sandbox is None:
+            raise SandboxStartError(f"{self.session_id}: prepare_grading before start()")
+        reset = await self.sandbox.prepare_grading()
+        self._agent_ran = False
+        self.commands_since_reset = []
+        self.grading_resets.append(reset)
+        return reset
+
+    async def _grading_starts(self) -> None:
+        """The verifier is about to touch /tests or /logs/verifier: if anything but grading ran
+        since the last reset (the agent, its setup, a log upload), reset first. A process that
+        survives the kill stops the grading (Harbor's Trial records the error): it could still
+        reach what the verifier reads."""
+        if self._agent_ran:
+            reset = await self.prepare_grading()
+            if reset.survivors:
+                raise SandboxExecError(
+                    f"{self.session_id}: processes survived SIGKILL before grading: "
+                    f"{reset.survivors}"
+                )
+
+    def _is_verifier_preamble(self, command: str) -> bool:
+        """True for the command Harbor's Verifier runs first: `rm -f -- <reward.txt> <reward.json>`.
+
+        Matched exactly (quoted as Harbor quotes it): an agent's own commands never reach this
+        method (they run inside its process), and a looser match could let a setup command that
+        merely mentions /tests start grading early. The other entries of a grading phase
+        (uploading /tests, `empty_dirs` / `reset_dirs` of the verifier dir) are caught where they
+        arrive, in `upload_dir` / `upload_file` / `empty_dirs` / `reset_dirs`.
+        """
+        paths = EnvironmentPaths.for_os(self.os)
+        rewards = (paths.reward_text_path, paths.reward_json_path)
+        return command.strip() == "rm -f -- " + " ".join(
+            quote_shell_arg(p, self.os) for p in rewards
+        )
+
+    def _is_verifier_test_command(self, command: str) -> bool:
+        """True for the command Harbor's Verifier runs the tests with: `(<a script under
+        /tests>) > <verifier dir>/test-stdout.txt 2>&1` (harbor.utils.scripts'
+        build_execution_command), matched exactly as `_is_verifier_preamble` is."""
+        paths = EnvironmentPaths.for_os(self.os)
+        stdout = quote_shell_arg(str(paths.verifier_dir / "test-stdout.txt"), self.os)
+        suffix = f") > {stdout} 2>&1"
+        text = command.strip()
+        if not (text.startswith("(") and text.endswith(suffix)):
+            return False
+        script = text[1 : -len(suffix)]
+        try:
+            words = shlex.split(script)
+        except ValueError:
+            return False
+        tests = str(paths.tests_dir).rstrip("/") + "/"
+        return (
+            len(words) == 1
+            and words[0].startswith(tests)
+            and quote_shell_arg(words[0], self.os) == script
+        )
+
+    def _touches_grading(self, *targets: Any) -> bool:
+        paths = EnvironmentPaths.for_os(self.os)
+        roots = (str(paths.tests_dir).rstrip("/"), str(paths.verifier_dir).rstrip("/"))
+        for target in targets:
+            t = str(target).rstrip("/")
+            if any(t == root or t.startswith(root + "/") for root in roots):
+                return True
+        return False
+
+    async def empty_dirs(self, dirs: Any, *, chmod: bool = True) -> Any:
+        if self._touches_grading(*dirs):
+            await self._grading_starts()
+            result = await super().empty_dirs(dirs, chmod=chmod)
+            self._agent_ran = False  # that command was the verifier's own
+            return result
+        return await super().empty_dirs(dirs, chmod=chmod)
+
+    async def reset_dirs(
+        self, *, remove_dirs: Any, create_dirs: Any, chmod_dirs: Any = None
+    ) -> Any:
+        if self._touches_grading(*remove_dirs, *create_dirs):
+            await self._grading_starts()
+            result = await super().reset_dirs(
+                remove_dirs=remove_dirs, create_dirs=create_dirs, chmod_dirs=chmod_dirs
+            )
+            self._agent_ran = False
+            return result
+        return await super().reset_dirs(
+            remove_dirs=remove_dirs, create_dirs=create_dirs, chmod_dirs=chmod_dirs
+        )
+
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         assert self.sandbox is not None
+        if self._touches_grading(target_path):
+            await self._grading_starts()
+        else:
+            self._agent_ran = True
         await self.sandbox.put_file(Path(source_path).read_bytes(), target_path)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         assert self.sandbox is not None
-        if target_dir.rstrip("/") == str(EnvironmentPaths.tests_dir):
-            # The verifier's upload: replace, never merge, so a file the agent planted in
-            # /tests (a conftest.py, a fake test) cannot take part in grading.
-            await self.sandbox.exec(["rm", "-rf", "--", target_dir], cwd="/", timeout_s=120)
+        if not self._touches_grading(target_dir):
+            self._agent_ran = True
+            await self.sandbox.put_dir(Path(source_dir), target_dir)
+            return
+        await self._grading_starts()
+        if target_dir.rstrip("/") == str(EnvironmentPaths.for_os(self.os).tests_dir):
+            # Replace, never merge: after a reset /tests is empty anyway; a second verifier
+            # upload (another step) must not merge into the first one's files either.
+            result = await self.sandbox.exec(
+                ["rm", "-rf", "--", target_dir], cwd="/", timeout_s=120
+            )
+            if result.return_code != 0:
+                raise SandboxPathError(
+                    f"could not clear {target_dir} before the verifier's upload: "
+                    f"{result.stderr.decode(errors='replace')[-300:]}"
+                )
         await self.sandbox.put_dir(Path(source_dir), target_dir)
 
-    async def kill_agent_processes(self) -> None:
-        """Kill everything still running in the sandbox (the agent's leftovers) before grading.
-
-        Harbor's Trial does not do this; a Harness session calls it after the agent phase and
-        before `Verifier.verify()`.
-        """
-        if self.sandbox is not None:
-            await self.sandbox.kill_processes()
+    async def kill_agent_processes(self) -> int:
+        """Kill everything still running in the sandbox; how many. `prepare_grading()` does this
+        and resets the grading dirs: use that before a verifier."""
+        if self.sandbox is None:
+            return 0
+        return await self.sandbox.kill_processes()
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         assert self.sandbox is not None

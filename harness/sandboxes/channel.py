@@ -53,10 +53,12 @@ async def run_command(
     stdin: bytes = b"",
     on_output: OutputSink | None = None,
     op: str | None = None,
+    op_args: dict[str, object] | None = None,
 ) -> RawExecResult:
     """Run argv in the sandbox and wait for it; raises SandboxExecError if the channel breaks.
 
-    `op="killall"` sends the supervisor's kill-everything request instead of a command.
+    `op="killall"` / `op="grading_reset"` (with `op_args`) send one of the supervisor's own
+    requests instead of a command; its answer is a marshal dict in `stdout`.
     """
     try:
         reader, writer = await asyncio.open_unix_connection(str(ctl_path))
@@ -66,7 +68,7 @@ async def run_command(
         ) from exc
     request = {"argv": argv, "env": env, "cwd": cwd, "timeout": timeout_s, "stdin_len": len(stdin)}
     if op is not None:
-        request = {"op": op}
+        request = {**(op_args or {}), "op": op}
     # marshal version 4: a format every Python >= 3.4 reads (the supervisor runs on the host's
     # own python3, whatever version that is).
     header = marshal.dumps(request, 4)

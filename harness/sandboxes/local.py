@@ -9,6 +9,11 @@ agents and session code may use either. Lifecycle:
     exec():   one control connection per command (channel.run_command)
     put/get:  tar streamed through exec, so every path is resolved inside the sandbox's own view
               (an agent's symlink cannot aim a host-side write at a host file)
+    prepare_grading():  between the agent and the verifier: the supervisor kills every process
+              of the sandbox's pid namespace but itself, puts back the merged-/usr symlinks
+              and the grader hook files (GRADING_HOOKS) and makes the grading dirs fresh;
+              returns a `GradingReset` (what was killed and what the agent left there). The
+              verifier then runs with GRADING_ENV (bwrap.py says what that covers and not)
     stop():   SIGKILL the sandbox's pid-1 (the kernel then kills every process in its pid
               namespace), reap bwrap, close the relays, remove the cgroup and the private dir
 
@@ -46,20 +51,27 @@ from pathlib import Path, PurePosixPath
 from harness.sandboxes.channel import OutputSink, PortForwarder, RawExecResult, run_command
 from harness.sandboxes.errors import (
     SandboxClosedError,
+    SandboxExecError,
     SandboxExecTimeoutError,
     SandboxPathError,
     SandboxStartError,
     SandboxUnavailableError,
 )
 from harness.sandboxes.limits import ProcessCgroup, SandboxLimits
-from harness.sandboxes.mounts import BASE_PATH, bwrap_argv
+from harness.sandboxes.mounts import BASE_PATH, bwrap_argv, usr_links
 
 __all__ = [
     "BASE_ENV",
+    "GRADING_ENV",
+    "GRADING_HOME",
+    "GRADING_HOOKS",
+    "GRADING_PATHS",
     "BwrapSandbox",
+    "GradingReset",
     "SandboxSpec",
     "check_bwrap_available",
     "default_base_dir",
+    "grading_env",
 ]
 
 logger = logging.getLogger(__name__)
@@ -86,6 +98,106 @@ BASE_ENV = {
     "SHELL": "/bin/sh",
     "IS_SANDBOX": "1",
 }
+
+
+# The grader's HOME: fresh and empty at every grading, so nothing the agent left in a HOME (a
+# usercustomize.py or .pth in the user site, ~/.bashrc, ~/.gitconfig, a `uv` in ~/.local/bin)
+# reaches the grader's tools. World-writable (sticky), for a task whose verifier user is not root.
+GRADING_HOME = "/run/harness-grading-home"
+
+# What the verifier depends on, parents first: (path, mode, wipe). /tests, /logs/verifier and
+# the grader's HOME are made fresh before grading; /, /logs, /run only have to be real dirs.
+GRADING_PATHS: tuple[tuple[str, int, bool], ...] = (
+    ("/", 0o755, False),
+    ("/logs", 0o755, False),
+    ("/tests", 0o755, True),
+    ("/logs/verifier", 0o755, True),
+    ("/run", 0o755, False),
+    (GRADING_HOME, 0o1777, True),
+)
+
+# Files the grader's tools read uninvited from an ancestor of /tests (/ is the only one, and /
+# is writable): pytest takes its rootdir and config from the first of these it finds walking up
+# from the tests (findpaths.locate_config, then setup.py), and a config there moves its
+# confcutdir to / so that /conftest.py is loaded too: one plugin that passes every test. Each
+# is put back as the image had it (absent, nearly always) before grading.
+GRADING_HOOKS: tuple[str, ...] = tuple(
+    "/" + name
+    for name in (
+        "conftest.py",
+        "pytest.toml",
+        ".pytest.toml",
+        "pytest.ini",
+        ".pytest.ini",
+        "pyproject.toml",
+        "tox.ini",
+        "setup.cfg",
+        "setup.py",
+    )
+)
+
+# Variables every grading command gets unless the task's own config sets them (the task's are
+# its invitation; the agent can set none of them: each command's environment comes from the
+# host). HOME: see GRADING_HOME. PYTHONNOUSERSITE: no user site even for a grader that sets
+# HOME back. GIT_CONFIG_*: a grader running git in the agent's repo runs no hook the repo's
+# .git names and no fsmonitor command (env-given config outranks the repo's own config).
+GRADING_ENV: dict[str, str] = {
+    "HOME": GRADING_HOME,
+    "PYTHONNOUSERSITE": "1",
+    "GIT_CONFIG_COUNT": "2",
+    "GIT_CONFIG_KEY_0": "core.hooksPath",
+    "GIT_CONFIG_VALUE_0": "/dev/null",
+    "GIT_CONFIG_KEY_1": "core.fsmonitor",
+    "GIT_CONFIG_VALUE_1": "false",
+}
+
+
+def grading_env(*task_envs: Mapping[str, str] | None) -> dict[str, str]:
+    """GRADING_ENV less the keys any of the task's own environments set."""
+    taken = {k for env in task_envs for k in (env or {})}
+    return {k: v for k, v in GRADING_ENV.items() if k not in taken}
+
+
+# Free space below which a grade cannot be trusted to be written (reward file, test logs).
+MIN_FREE_BYTES = 1 << 20
+MIN_FREE_INODES = 64
+
+
+@dataclass
+class GradingReset:
+    """What `BwrapSandbox.prepare_grading()` did and found.
+
+    killed:     processes of the sandbox that were SIGKILLed (the agent's and their leftovers)
+    survivors:  processes still alive at the deadline (never expected: the kill is namespace-wide)
+    found:      agent state in or above the grading dirs, now removed (pre-written reward, a
+                planted /tests, a symlink or lock in their place)
+    errors:     paths that could not be reset
+    free_bytes / free_inodes: the sandbox root's free space after the reset (-1: not reported)
+    """
+
+    killed: int
+    survivors: list[str]
+    found: list[str]
+    errors: list[str]
+    free_bytes: int
+    free_inodes: int
+
+    @property
+    def evidence(self) -> list[str]:
+        """Why a grade of this sandbox cannot be trusted to the agent's credit (empty: none).
+
+        Everything here is state the agent left: the sandbox starts with fresh grading dirs and
+        only the agent ran in it before grading. Processes it left running are not evidence
+        (they are killed, and a server left behind is ordinary); a full disk is, since the
+        verifier then cannot write its grade.
+        """
+        out = [f"process survived SIGKILL: {p}" for p in self.survivors]
+        out += self.found + [f"could not reset {e}" for e in self.errors]
+        if 0 <= self.free_bytes < MIN_FREE_BYTES:
+            out.append(f"the sandbox's disk was full ({self.free_bytes} bytes free)")
+        if 0 <= self.free_inodes < MIN_FREE_INODES:
+            out.append(f"the sandbox's disk was out of inodes ({self.free_inodes} free)")
+        return out
 
 
 @dataclass
@@ -414,17 +526,63 @@ class BwrapSandbox:
             )
         return result
 
-    async def kill_processes(self) -> None:
+    async def kill_processes(self) -> int:
         """SIGKILL every process in the sandbox but its supervisor; the sandbox stays usable.
 
-        Call it between the agent and the verifier: whatever the agent left running in the
-        background could otherwise rewrite /tests or the reward file while the task is graded.
+        Returns how many were killed. Raises SandboxExecError if any is still alive after 10 s.
+        `prepare_grading()` does this and more: use it between the agent and the verifier.
         """
+        answer = await self._supervisor_op("killall", {})
+        if answer["survivors"]:
+            raise SandboxExecError(
+                f"sandbox {self.name}: processes survived SIGKILL: {answer['survivors']}"
+            )
+        return int(answer["killed"])
+
+    async def prepare_grading(
+        self, timeout_s: float = 10.0, *, record_image: bool = False
+    ) -> GradingReset:
+        """End the agent's reach before grading; what it left in the grading paths is returned.
+
+        In the supervisor (the sandbox's pid 1): SIGKILL every other process of the sandbox's
+        pid namespace until none is left, then put back the merged-/usr symlinks (/bin, /lib64,
+        ...), make /, /logs, /run real dirs with their modes and /tests, /logs/verifier and the
+        grader's HOME fresh, empty real dirs (symlinks and files in their place removed, locked
+        subdirs unlocked and removed), and put the GRADING_HOOKS files back as the image had
+        them. Nothing the agent started can run afterwards, so nothing can pre-seed, lock or
+        rewrite what the verifier uses. `record_image=True` (the reset right after the image is
+        built) takes the hook files present now as the image's own.
+        """
+        args = {
+            "paths": [list(p) for p in GRADING_PATHS],
+            "links": [list(link) for link in usr_links()],
+            "hooks": list(GRADING_HOOKS),
+            "record": record_image,
+            "timeout": timeout_s,
+        }
+        answer = await self._supervisor_op("grading_reset", args)
+        return GradingReset(
+            killed=int(answer["killed"]),
+            survivors=list(answer["survivors"]),
+            found=list(answer["found"]),
+            errors=list(answer["errors"]),
+            free_bytes=int(answer["free_bytes"]),
+            free_inodes=int(answer["free_inodes"]),
+        )
+
+    async def _supervisor_op(self, op: str, args: dict[str, object]) -> dict[str, object]:
         if not self.running or self.dir is None:
             raise SandboxClosedError(f"sandbox {self.name} is not running")
-        await run_command(
-            self.dir / "run" / "ctl.sock", [], env={}, cwd="/", timeout_s=None, op="killall"
+        result = await run_command(
+            self.dir / "run" / "ctl.sock", [], env={}, cwd="/", timeout_s=None, op=op, op_args=args
         )
+        try:
+            return marshal.loads(result.stdout)
+        except (EOFError, ValueError, TypeError) as exc:
+            raise SandboxExecError(
+                f"sandbox {self.name}: the supervisor's {op} answer is unreadable ({exc}); "
+                f"log tail: {self._log_tail()!r}"
+            ) from exc
 
     async def shell(self, command: str, **kwargs) -> RawExecResult:
         return await self.exec(["/bin/sh", "-c", command], **kwargs)

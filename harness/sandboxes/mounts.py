@@ -37,6 +37,7 @@ __all__ = [
     "bwrap_argv",
     "masked_etc_files",
     "resolved_tool_binds",
+    "usr_links",
     "venv_binds",
 ]
 
@@ -106,9 +107,10 @@ def bwrap_argv(
         argv += ["--ro-bind", path, path]
     for path in masked_etc_files():
         argv += ["--ro-bind", "/dev/null", path]
+    links = dict(usr_links())
     for link in _USR_LINKS:
-        if os.path.islink(link):
-            argv += ["--symlink", os.readlink(link), link]
+        if link in links:
+            argv += ["--symlink", links[link], link]
         elif os.path.isdir(link):
             argv += ["--ro-bind", link, link]
     argv += ["--proc", "/proc", "--dev", "/dev"]
@@ -118,6 +120,16 @@ def bwrap_argv(
         argv += ["--ro-bind", str(host), str(target)]
     argv += ["--chdir", "/", "--info-fd", str(info_fd), *command]
     return argv
+
+
+@functools.lru_cache(maxsize=1)
+def usr_links() -> tuple[tuple[str, str], ...]:
+    """The host's merged-/usr symlinks, (path, target), as the sandbox gets them.
+
+    They live in the sandbox's writable root, so the grading reset puts them back
+    (`BwrapSandbox.prepare_grading`): a /bin of the agent's would run the grader's shebang.
+    """
+    return tuple((link, os.readlink(link)) for link in _USR_LINKS if os.path.islink(link))
 
 
 def resolved_tool_binds(*paths: str | os.PathLike[str]) -> dict[str, str]:

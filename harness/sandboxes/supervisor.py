@@ -18,8 +18,12 @@ Why a resident process instead of one `bwrap` per command: Harbor's environments
 between `exec` calls (background servers, the network namespace), and a fresh namespace per
 command would lose them and pay the namespace set-up each time.
 
-Control protocol, one connection per command (marshal, version 4, plain dicts/lists/str/num);
-a header {"op": "killall"} instead SIGKILLs every process in the sandbox but pid 1:
+Control protocol, one connection per command (marshal, version 4, plain dicts/lists/str/num).
+Two headers are requests to the supervisor itself, answered with one marshal dict on stdout:
+{"op": "killall"} SIGKILLs every process in the sandbox but pid 1 until none is left
+({"killed", "survivors"}); {"op": "grading_reset", "paths": [[path, mode, wipe], ...]} does the
+same, then restores the image's merged-/usr symlinks and the grader hook files and makes each
+grading path a fresh real directory (see `_grading_reset`). Commands:
     host -> supervisor   4-byte big-endian length + marshal {"argv", "env", "cwd", "timeout",
                          "stdin_len"}, then `stdin_len` raw bytes for the command's stdin
     supervisor -> host   frames: 1 type byte + 4-byte big-endian length + payload
@@ -275,8 +279,14 @@ def _on_conn(ex, events):
                 return
             ex.header = marshal.loads(ex.inbuf[4 : 4 + length])
             ex.inbuf = ex.inbuf[4 + length :]
-        if ex.header.get("op") == "killall" and not ex.finished:
-            _killall()
+        op = ex.header.get("op")
+        if op == "killall" and not ex.finished:
+            killed, survivors = _killall()
+            _send(ex, b"o", marshal.dumps({"killed": killed, "survivors": survivors}, 4))
+            _exit_frame(ex, 1 if survivors else 0, False, None)
+            return
+        if op == "grading_reset" and not ex.finished:
+            _send(ex, b"o", marshal.dumps(_grading_reset(ex.header), 4))
             _exit_frame(ex, 0, False, None)
             return
         if ex.pid is None and not ex.finished:
@@ -328,29 +338,233 @@ def _reap():
         ex.exited_at = time.monotonic()
 
 
-def _killall():
-    """SIGKILL every process in the sandbox but us (pid 1 is exempt from kill(-1)), and wait.
+def _other_pids():
+    """Every process of the sandbox's pid namespace but us, read from its own /proc."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and name != "1"]
 
-    The host asks for this between the agent and the verifier, so nothing the agent left
-    running can touch /tests or /logs/verifier while the task is graded.
+
+def _killall(timeout_s=10.0):
+    """SIGKILL every process in the sandbox but us, until none is left; (killed, survivors).
+
+    Decided from the pid namespace, not from any process group: `kill(-1)` from pid 1 reaches
+    every process of the namespace (setsid daemons, double forks, nested pid namespaces, which
+    all have a pid here) but pid 1 itself. A fork racing the kill cannot slip through: the
+    kernel fails a fork whose parent has a pending SIGKILL. Done means both: no child left to
+    reap (as pid 1 we inherit every orphan) and nothing but pid 1 in /proc.
     """
+    seen = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        others = _other_pids()
+        seen.update(others)
+        if others:
+            try:  # noqa: SIM105 (contextlib costs start-up time here)
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        children = True
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children = False
+                break
+            if pid == 0:
+                break
+            ex = _by_pid.pop(pid, None)
+            if ex is not None and ex.rc is None:
+                ex.rc = 128 + signal.SIGKILL
+                ex.exited_at = time.monotonic()
+        if not others and not children:
+            return len(seen), []
+        if time.monotonic() >= deadline:
+            return len(seen), [_describe(pid) for pid in _other_pids()]
+        time.sleep(0.002)  # still dying (never block: one could be stuck in the kernel)
+
+
+def _describe(pid):
     try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return str(pid)
+    name = stat[stat.find("(") : stat.rfind(")") + 1 or None]
+    return f"{pid} {name[:80]}"
+
+
+def _wipe_tree(top):
+    """Remove everything under the real directory `top` (iterative: an agent may nest deep).
+
+    Directories are made writable first: the agent may have left them 0555 or 0000, and we are
+    their owner without CAP_DAC_OVERRIDE. Symlinks are removed, never followed.
+    """
+    dirs = []
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        os.chmod(d, 0o700)
+        dirs.append(d)
+        with os.scandir(d) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                else:
+                    os.unlink(entry.path)
+    for d in reversed(dirs[1:]):  # each dir was listed after its parent: children go first
+        os.rmdir(d)
+
+
+def _reset_path(path, mode, wipe, found):
+    """Make `path` a real directory with `mode` (and empty, if `wipe`); note what was there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not _is_dir(st.st_mode):
+        kind = f"a symlink to {os.readlink(path)!r}" if _is_link(st.st_mode) else "not a dir"
+        found.append(f"{path} was {kind}")
+        os.unlink(path)
+        st = None
+    if st is None:
+        os.mkdir(path, mode)
+    elif st.st_mode & 0o700 != 0o700:  # locked against its owner: a lock, not a preference
+        found.append(f"{path} was locked (mode {st.st_mode & 0o7777:o})")
+    if wipe:
+        names = os.listdir(path) if os.access(path, os.R_OK | os.X_OK) else ["(unreadable)"]
+        if names:
+            shown = ", ".join(sorted(names)[:5])
+            found.append(f"{path} held {len(names)} entries: {shown}")
+            _wipe_tree(path)
+    os.chmod(path, mode)
+
+
+def _is_dir(mode):
+    return (mode & 0o170000) == 0o040000
+
+
+def _is_link(mode):
+    return (mode & 0o170000) == 0o120000
+
+
+_HOOK_LIMIT = 1 << 20  # a grader hook file larger than this is compared by size alone
+_image_hooks = {}  # hook path -> its bytes as the image left them (see _reset_hooks)
+
+
+def _read_hook(path):
+    """A hook path's content: bytes for a regular file, None when absent, a str otherwise."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if _is_link(st.st_mode):
+        return f"a symlink to {os.readlink(path)!r}"
+    if _is_dir(st.st_mode):
+        return "a directory"
+    if (st.st_mode & 0o170000) != 0o100000:
+        return "not a regular file"
+    if st.st_size > _HOOK_LIMIT:
+        return f"a file of {st.st_size} bytes"
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+
+
+def _remove_any(path):
+    st = os.lstat(path)
+    if _is_dir(st.st_mode):
+        _wipe_tree(path)
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def _reset_hooks(paths, record, found):
+    """Files the grader's tools read uninvited (pytest's config and conftest.py in an ancestor
+    of /tests): back to what the image had. `record` (the reset after the image's build) takes
+    that state as the image's; later resets report and undo any difference."""
+    if record:
+        _image_hooks.clear()
+        for path in paths:
+            content = _read_hook(path)
+            if isinstance(content, bytes):
+                _image_hooks[path] = content
         return
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return  # no children left: everything is gone
-        if pid == 0:
-            time.sleep(0.002)  # still dying (never block: one could be stuck in the kernel)
+    for path in paths:
+        content = _read_hook(path)
+        image = _image_hooks.get(path)
+        if content == image:
             continue
-        ex = _by_pid.pop(pid, None)
-        if ex is not None and ex.rc is None:
-            ex.rc = 128 + signal.SIGKILL
-            ex.exited_at = time.monotonic()
+        what = "changed" if image is not None and content is not None else "planted"
+        if content is None:
+            what = "removed"
+        elif not isinstance(content, bytes):
+            what = content
+        found.append(f"{path} (read by the grader's tools) was {what}")
+        if content is not None:
+            _remove_any(path)
+        if image is not None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, image)
+            finally:
+                os.close(fd)
+
+
+def _reset_link(path, target, found):
+    """`path` back to a symlink to `target` (the merged-/usr links: /bin, /lib64, ...).
+
+    They live in the writable root: an agent that replaced /bin with a dir of its own would
+    own the grader's `#!/bin/bash`, and /lib64 its dynamic loader."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and _is_link(st.st_mode) and os.readlink(path) == target:
+        return
+    found.append(f"{path} was not the image's symlink to {target}")
+    if st is not None:
+        _remove_any(path)
+    os.symlink(target, path)
+
+
+def _grading_reset(header):
+    """Before grading: no process of the agent alive, grading dirs fresh; report what was found.
+
+    `header["paths"]`: [path, mode, wipe] in order (parents first); `header["links"]`: [path,
+    target] symlinks of the image to restore; `header["hooks"]`: files the grader's tools would
+    read uninvited, put back as they were at the `header["record"]` reset. Returns a dict:
+    killed, survivors (processes still alive at the deadline), found (agent state in or above
+    the grading dirs, now removed), errors (what could not be reset), free_bytes / free_inodes
+    of the sandbox's root after the reset.
+    """
+    killed, survivors = _killall(float(header.get("timeout") or 10.0))
+    found, errors = [], []
+    if not survivors:  # a survivor could undo the reset: leave the dirs as evidence instead
+        for path, target in header.get("links") or ():
+            try:
+                _reset_link(path, target, found)
+            except OSError as exc:
+                errors.append(f"{path}: {exc}")
+        for path, mode, wipe in header.get("paths") or ():
+            try:
+                _reset_path(path, int(mode), bool(wipe), found)
+            except OSError as exc:
+                errors.append(f"{path}: {exc}")
+        try:
+            _reset_hooks(list(header.get("hooks") or ()), bool(header.get("record")), found)
+        except OSError as exc:
+            errors.append(f"grader hooks: {exc}")
+    st = os.statvfs("/")
+    return {
+        "killed": killed,
+        "survivors": survivors,
+        "found": found,
+        "errors": errors,
+        "free_bytes": st.f_bavail * st.f_frsize,
+        "free_inodes": st.f_favail if st.f_files else -1,
+    }
 
 
 def _maybe_finish(ex, now):
