@@ -10,6 +10,8 @@ where they are used, so `python -m harness.train --help` and the capture service
     harness.session     HarborSession: sandbox -> agent -> verifier -> TrainingTrace -> close
     harness.factory     HarborSessionFactory: bounded, retried rollouts, each with a cause
     harness.outcome     HarnessRolloutOutcome: what a reward function sees
+    harness.serve       `python -m harness.serve`: rollouts as an HTTP service (own host/env)
+    harness.remote      RemoteSessionFactory: the trainer's client (no openenv, no harbor)
     harness.train       `python -m harness.train`: the recipe (engine, proxy, sessions, trainer)
     harness.eval        `python -m harness.eval`: rollouts and pass rates, no training
 """
