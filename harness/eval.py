@@ -79,12 +79,14 @@ def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
 
     run_dir = Path(settings.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    console.print(f"[bold]view[/] python -m harness.view {run_dir}  (live while it runs)")
     tasks = load_tasks(settings.tasks, count=settings.task_count)
     sampling = {"temperature": settings.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                 "max_tokens": settings.max_tokens}
     with RunStack(settings, run_dir, weight_transfer=False) as stack:
         factory = RecordingFactory(HarborSessionFactory(
-            stack.proxy.url, admin_key=stack.proxy.admin_key, split=tasks, harness=settings.harness,
+            stack.proxy.admin_url, admin_key=stack.proxy.admin_key, split=tasks,
+            harness=settings.harness,
             sandbox=settings.sandbox, llm_url=stack.engine_url, model=settings.served_model_name,
             sampling=sampling, max_concurrent_rollouts=settings.max_concurrent_rollouts,
             agent_timeout_s=settings.agent_timeout_s, max_steps=settings.max_agent_steps,

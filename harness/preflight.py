@@ -111,6 +111,9 @@ def preflight(settings: RunSettings, *, train: bool) -> list[str]:
         problems += _check_rewards(settings)
         problems += _check_resume(settings)
         problems += [f"trainer: {_as_flags(p)}" for p in settings.trainer_config().validate()]
+        from harness.learning import before_after_problems  # it imports harness.eval (us)
+
+        problems += before_after_problems(settings)
     if settings.max_concurrent_rollouts < 1:
         problems.append("--max-concurrent-rollouts must be >= 1")
     return problems

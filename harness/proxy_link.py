@@ -78,7 +78,7 @@ class ProxyLink:
 
         server = CaptureServer(engine_url, admin_key=admin_key)
         server.start()
-        return cls(server.url, server.admin_key, server=server)
+        return cls(server.admin_url, server.admin_key, server=server)
 
     # ---- admin calls -----------------------------------------------------------------------------
 

@@ -36,7 +36,8 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "qui
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 TRAIN_ONLY = frozenset({"groups_per_step", "steps", "learning_rate", "resume", "weight_sync",
-                        "reward_fn", "reward_funcs", "report_to"})
+                        "reward_fn", "reward_funcs", "report_to", "shuffle_rewards",
+                        "eval_tasks", "eval_rollouts_per_task"})
 
 
 class SettingsError(ValueError):
@@ -81,6 +82,9 @@ class RunSettings:
     report_to: str = "jsonl"
     seed: int = 0
     rollouts_per_task: int = 2  # eval only
+    shuffle_rewards: bool = False  # the control: rewards permuted within each group
+    eval_tasks: str | None = None  # held-out tasks evaluated before and after training
+    eval_rollouts_per_task: int = 4
 
     def trainer_config(self):  # -> AsyncGRPOConfig, imported lazily (torch)
         from trainer.config import AsyncGRPOConfig
@@ -92,7 +96,7 @@ class RunSettings:
             max_tokens=self.max_tokens, learning_rate=self.learning_rate, max_steps=self.steps,
             seed=self.seed, output_dir=str(Path(self.output_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
-            save_steps=1,
+            save_steps=1, shuffle_rewards=self.shuffle_rewards,
         )
 
 
@@ -159,6 +163,11 @@ def _help(name: str) -> str:
         "report_to": "metrics sinks besides the console: none, jsonl, trackio, wandb",
         "seed": "random seed",
         "rollouts_per_task": "(eval) rollouts per task",
+        "shuffle_rewards": "control run: permute rewards within each group, so they no longer "
+                           "follow actions (a loop that still learns has a bug)",
+        "eval_tasks": "tasks (same forms as --tasks) evaluated before and after training, with a "
+                      "before/after pass-rate table (e.g. family:heldout)",
+        "eval_rollouts_per_task": "rollouts per --eval-tasks task, before and after",
     }[name]
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from rich.console import Console
 
+from harness.learning import BeforeAfter
 from harness.preflight import preflight
 from harness.run_config import (
     RunSettings,
@@ -158,6 +159,8 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
                         for name, fn, weight in parse_reward_funcs(settings.reward_funcs or [])]
         make_factory = _factory_fn(settings, stack, run_dir)
         made: list[RecordingFactory] = []
+        learning = BeforeAfter(settings, stack, run_dir, console)  # --eval-tasks, reward curve
+        learning.before()
 
         def factory(sampling: dict) -> RecordingFactory:
             made.append(make_factory(sampling))
@@ -180,10 +183,12 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
             if weight_sync is not None:
                 weight_sync.close()
             capture.close()
+        before_after = learning.after()  # the engine now serves the last pushed weights
     timings["total_s"] = time.perf_counter() - t_run
     records = [r for f in made for r in f.records]
     for table in summary_tables(records, history, timings):
         console.print(table)
+    learning.curve(history)
     summary = {
         "rollouts": len(records),
         "causes": {c: sum(r["cause"] == c for r in records) for c in {r["cause"] for r in records}},
@@ -191,6 +196,8 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         "reward_mean_per_step": [m.get("reward/mean") for m in history],
         "tokens_trained": sum(m.get("tokens/trained", 0.0) for m in history),
         "timings": timings,
+        "before_after": before_after and {k: before_after[k] for k in (
+            "before_pass_rate", "after_pass_rate", "change_points")},
         "output_dir": str(run_dir),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -9,9 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 from launchers.paths import REPO_ROOT
+from tests.waiting import wait_until
 
 # A launcher that starts a process group (child + grandchild, like vLLM's API server and engine
 # core), arms a reaper for it, prints the group id, then waits to be killed.
@@ -35,18 +36,31 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) pids in process group `pgid`, from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
 def test_killing_the_launcher_kills_its_process_group_including_grandchildren() -> None:
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], cwd=REPO_ROOT,
                                 stdout=subprocess.PIPE, text=True)
     pgid = int(launcher.stdout.readline())
-    time.sleep(0.5)  # let the grandchild start
-    assert group_alive(pgid)
+    # The grandchild must exist before the launcher dies, or its death would prove nothing.
+    wait_until(lambda: len(group_members(pgid)) >= 2, "the child to start its grandchild",
+               state=lambda: group_members(pgid))
     os.kill(launcher.pid, signal.SIGKILL)  # no cleanup code of the launcher runs
     launcher.wait()
-    deadline = time.monotonic() + 10
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    alive = group_alive(pgid)
-    if alive:
-        os.killpg(pgid, signal.SIGKILL)
-    assert not alive, "the group outlived its launcher"
+    try:
+        wait_until(lambda: not group_alive(pgid), "the group to die with its launcher",
+                   timeout_s=60, state=lambda: group_members(pgid))
+    finally:
+        if group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)

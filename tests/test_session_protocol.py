@@ -25,6 +25,7 @@ from openenv.core.harness.rollout import (
 )
 
 from tests.test_factory_causes import CALL, SOLVE, make_factory
+from tests.waiting import until
 
 
 @pytest.fixture(scope="module")
@@ -154,10 +155,10 @@ def test_cancelling_eight_running_rollouts_leaves_no_process_proxy_session_or_tr
 
     async def run() -> tuple[int, int]:
         tasks = [asyncio.create_task(factory.rollout(seed=0)) for _ in range(8)]
-        for _ in range(400):  # until all eight agents are running (each made its call)
-            await asyncio.sleep(0.05)
-            if len(_processes_with(marker)) >= 8:
-                break
+        # Eight sandboxes start and eight agents make their call: ~10 s on a quiet machine, more
+        # than 20 s beside another test run (issue 14), so this waits on the count, not a window.
+        await until(lambda: len(_processes_with(marker)) >= 8, "all eight agents running",
+                    state=lambda: f"{len(_processes_with(marker))} processes run their command")
         running = len(_processes_with(marker))
         for task in tasks:
             task.cancel()

@@ -55,10 +55,16 @@ class AsyncGRPOConfig:
     epsilon_high: float | None = 0.28  # upper clip (DAPO clip-higher); None: same as epsilon
     is_cap: float = 2.0  # TIS cap C on pi_theta / mu (TRL has no such correction)
     scale_rewards: bool = True  # divide group-centred rewards by the group std
+    # Control run: permute each group's rewards among its rollouts before the baseline, so
+    # rewards no longer follow actions. A loop that learns from it has a bug (trainer/groups.py).
+    shuffle_rewards: bool = False
     beta: float = 0.0  # k3 KL coefficient to the initial (reference) policy; 0 = no ref model
     # --- async / staleness --------------------------------------------------------------------
     max_staleness: int = 1  # versions a token may lag the policy it trains (TRL: per group only)
     staleness_rule: Literal["correct", "drop"] = "correct"  # for tokens older than the bound
+    # A turn a token limit cut (the capture marks it truncated): "train" it as sampled, "mask" its
+    # completion, or "drop" the rollout's rows (its reward stays in the baseline). trainer/rows.py
+    truncated_turns: Literal["train", "mask", "drop"] = "train"
     # --- packing ------------------------------------------------------------------------------
     max_tokens_per_microbatch: int = 8192  # padding-free token budget of one forward
     # --- distributed (torchrun) ---------------------------------------------------------------
@@ -150,6 +156,8 @@ class AsyncGRPOConfig:
             )
         if self.beta < 0:
             p.append(f"beta={self.beta!r}: must be >= 0 (0 disables the reference model)")
+        if self.truncated_turns not in ("train", "mask", "drop"):
+            p.append(f"truncated_turns={self.truncated_turns!r}: choose train, mask or drop")
         if self.staleness_rule not in STALENESS_RULES:
             p.append(f"staleness_rule={self.staleness_rule!r}: choose one of {STALENESS_RULES}")
         if self.report_to not in REPORT_TO:

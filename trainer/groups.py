@@ -6,9 +6,12 @@ Order of decisions for one group (all rollouts of one task, one seed):
    counted by cause, out of the baseline;
 2. reward: `score_rollout` (reward functions, else env_reward); a failing reward function ->
    cause "reward_failure", unscorable; a None reward -> unscorable;
-3. advantages over the scorable rollouts; a group that cannot give a gradient (no/one reward,
+3. (control runs only, `shuffle_rewards`) the scored rewards are permuted among the group's
+   rollouts with a per-group seeded RNG; each rollout's record keeps its own reward as
+   `reward_unshuffled`, and `reward/mean` is unchanged (a permutation keeps the multiset);
+4. advantages over the scorable rollouts; a group that cannot give a gradient (no/one reward,
    zero variance) is skipped here, before any row is built or forwarded;
-4. rows for each rollout with an advantage, built from its trace (trainer/rows.py); a malformed
+5. rows for each rollout with an advantage, built from its trace (trainer/rows.py); a malformed
    trace raises CaptureError and stops the run.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +51,7 @@ class PreparedGroup:
     reward_failures: list[str] = field(default_factory=list)
     sampled_tokens: int = 0
     timed_out: int = 0
+    shuffled: bool = False  # rewards permuted among the rollouts (the shuffled-reward control)
     # One dict per rollout (episode_id, reward, parts, advantage): what the run viewer shows
     # as "the advantage it got"; grpo.py appends them to <output_dir>/groups.jsonl.
     per_rollout: list[dict[str, Any]] = field(default_factory=list)
@@ -59,9 +64,12 @@ def prepare_group(
     reward_funcs: list[RewardFunc],
     scale_rewards: bool,
     dispatch_version: int,
+    shuffle_seed: int | None = None,
+    truncated: str = "train",
 ) -> PreparedGroup:
     """Score, baseline and row-ify one group's rollout results (harness RolloutResult-like)."""
     g = PreparedGroup(group_index=group_index)
+    tampered: set[int] = set()  # positions whose 0 no shuffle may move
     for r in results:
         record: dict[str, Any] = {"episode_id": getattr(r, "episode_id", None), "reward": None,
                                   "parts": {}, "advantage": None}
@@ -85,6 +93,7 @@ def prepare_group(
         if isinstance(env, (int, float)) and math.isfinite(env):  # NaN: unscorable, below
             g.env_rewards.append(float(env))
         if cause == "tampered":  # no reward function may pay a rollout that gamed its grade
+            tampered.add(len(g.rewards))
             g.causes[cause] += 1
             record.update(reward=0.0)
             g.rewards.append(0.0)
@@ -104,6 +113,8 @@ def prepare_group(
             g.causes["unscorable"] += 1
         g.rewards.append(scored.total)
         record.update(reward=scored.total, parts=dict(scored.parts))
+    if shuffle_seed is not None:
+        _shuffle_rewards(g, random.Random(f"{shuffle_seed}:{group_index}"), tampered)
     adv = group_advantages(g.rewards, scale_rewards=scale_rewards)
     g.skipped = adv.skipped
     for record, a in zip(g.per_rollout, adv.advantages, strict=True):
@@ -115,12 +126,24 @@ def prepare_group(
             continue
         rid = str(getattr(r, "episode_id", None) or id(r))
         rows, report = trace_to_rows(r.trace, rollout_id=rid, group_index=group_index,
-                                     dispatch_version=dispatch_version)
+                                     dispatch_version=dispatch_version, truncated=truncated)
         g.findings.update(report.counts())
         g.sampled_tokens += report.sampled_tokens
         g.rows.extend(rows)
         g.row_advantages.extend([a] * len(rows))
     return g
+
+
+def _shuffle_rewards(g: PreparedGroup, rng: random.Random, fixed: set[int]) -> None:
+    """Permute the scored rewards among the scored rollouts (not unscorable, not tampered ones)."""
+    positions = [i for i, r in enumerate(g.rewards) if r is not None and i not in fixed]
+    values = [g.rewards[i] for i in positions]
+    rng.shuffle(values)
+    for i, value in zip(positions, values, strict=True):
+        g.per_rollout[i]["reward_unshuffled"] = g.rewards[i]
+        g.per_rollout[i]["reward"] = value
+        g.rewards[i] = value
+    g.shuffled = True
 
 
 def append_group_records(path: Path, step: int, groups: list[PreparedGroup]) -> None:
@@ -170,6 +193,7 @@ def group_metrics(groups: list[PreparedGroup], reward_names: list[str]) -> dict[
     for reason, n in skipped.items():
         m[f"groups/skipped/{reason}"] = float(n)
     m["groups/used"] = float(sum(1 for g in groups if not g.skipped))
+    m["reward/shuffled"] = float(any(g.shuffled for g in groups))
     for code, n in findings.items():
         m[f"rows/findings/{code}"] = float(n)
     return m

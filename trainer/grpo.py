@@ -258,7 +258,9 @@ class HarnessAsyncGRPOTrainer:
         """Runs in a producer thread when group f is whole (see RolloutProducer)."""
         return prepare_group(f.results, group_index=f.index, reward_funcs=self.reward_funcs,
                              scale_rewards=self.args.scale_rewards,
-                             dispatch_version=f.dispatch_version)
+                             dispatch_version=f.dispatch_version,
+                             shuffle_seed=self.args.seed if self.args.shuffle_rewards else None,
+                             truncated=self.args.truncated_turns)
 
     def _prepare_and_step(self, finished: list, names: list[str], save: bool) -> dict[str, float]:
         t0 = time.perf_counter()

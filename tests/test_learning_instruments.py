@@ -1,0 +1,272 @@
+# Run: .venv/bin/python -m pytest tests/test_learning_instruments.py -x -q
+"""The instruments of a learning run (issue 18): the shuffled-reward control, the reward curve
+(JSON + PNG), the before/after pass-rate table and its settings, and the held-out evaluation
+itself through a real mini-swe-agent, a real capture proxy and the family's real verifiers, with
+a scripted engine choosing every reply (nothing depends on what the tiny model samples)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import struct
+import zlib
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from harness.learning import (
+    before_after_problems,
+    before_after_table,
+    evaluate_split,
+    write_png_plot,
+    write_reward_curve,
+)
+from harness.run_config import RunSettings, build_parser, settings_from_args
+from harness.tasks.family import FAMILY_DIR, family_tasks
+from trainer.fakes import synthetic_trace
+from trainer.groups import group_metrics, prepare_group
+from trainer.rollouts import Rollout, RolloutOutcome
+
+
+def _rollout(reward: float | None, cause: str = "ok", seed: int = 0) -> Rollout:
+    outcome = RolloutOutcome(env_reward=reward, completion=[], trace=[], tool_call_count=1,
+                             tool_failure_count=0, tool_calls_by_name={"bash": 1},
+                             timed_out=False)
+    return Rollout(cause=cause, trace=synthetic_trace(random.Random(seed)), outcome=outcome,
+                   env_reward=reward, episode_id=f"e{seed}")
+
+
+def _group(rewards: list[float | None], index: int, shuffle_seed: int | None, causes=None):
+    causes = causes or ["ok"] * len(rewards)
+    results = [_rollout(r, cause=c, seed=i) if c != "infra_failure"
+               else Rollout(cause=c, error="sandbox died")
+               for i, (r, c) in enumerate(zip(rewards, causes, strict=True))]
+    return prepare_group(results, group_index=index, reward_funcs=[], scale_rewards=False,
+                         dispatch_version=0, shuffle_seed=shuffle_seed)
+
+
+def test_without_the_flag_each_rollout_keeps_its_own_reward():
+    g = _group([1.0, 0.0, 0.0, 0.5], 0, None)
+    assert g.rewards == [1.0, 0.0, 0.0, 0.5] and not g.shuffled
+    assert all("reward_unshuffled" not in r for r in g.per_rollout)
+    assert group_metrics([g], [])["reward/shuffled"] == 0.0
+
+
+def test_shuffled_rewards_are_a_permutation_that_leaves_unscored_and_tampered_in_place():
+    rewards = [1.0, None, 0.0, 0.25, 0.0, 0.75]
+    causes = ["ok", "infra_failure", "tampered", "ok", "ok", "ok"]
+    g = _group(rewards, 7, 0, causes)
+    assert g.shuffled and group_metrics([g], [])["reward/shuffled"] == 1.0
+    assert g.rewards[1] is None and g.rewards[2] == 0.0  # unscorable; tampered's 0 stays its own
+    moved = [0, 3, 4, 5]
+    assert sorted(g.rewards[i] for i in moved) == sorted(rewards[i] for i in moved)
+    for i in moved:  # every record says what it earned and what it was paid
+        assert g.per_rollout[i]["reward_unshuffled"] == rewards[i]
+        assert g.per_rollout[i]["reward"] == g.rewards[i]
+    # Deterministic per (seed, group index), different across groups.
+    assert _group(rewards, 7, 0, causes).rewards == g.rewards
+    orders = {tuple(_group([0.0, 1.0, 2.0, 3.0, 4.0], i, 0).rewards) for i in range(20)}
+    assert len(orders) > 5
+
+
+def test_under_shuffling_the_reward_no_longer_follows_the_rollout():
+    # The rollout that earned 1 gets it back only about 1 time in 4 (uniform over 4 places),
+    # and its advantage is as often negative as that of any other rollout.
+    kept = Counter()
+    for i in range(400):
+        g = _group([1.0, 0.0, 0.0, 0.0], i, 3)
+        kept[g.rewards.index(1.0)] += 1
+    assert all(60 <= kept[p] <= 140 for p in range(4)), kept
+    assert _group([1.0, 0.0, 0.0, 0.0], 0, None).per_rollout[0]["advantage"] > 0
+
+
+def test_the_flags_reach_the_trainer_and_stay_off_the_eval_command():
+    s = settings_from_args(build_parser("t", "d"), ["--shuffle-rewards", "--eval-tasks",
+                                                   "family:heldout", "--eval-rollouts-per-task",
+                                                   "3"])
+    assert s.shuffle_rewards and s.trainer_config().shuffle_rewards
+    assert (s.eval_tasks, s.eval_rollouts_per_task) == ("family:heldout", 3)
+    assert RunSettings().trainer_config().shuffle_rewards is False
+    eval_flags = {a.dest for a in build_parser("e", "d", eval_mode=True)._actions}
+    assert not {"shuffle_rewards", "eval_tasks", "eval_rollouts_per_task"} & eval_flags
+
+
+def test_before_after_settings_are_checked_with_their_fix():
+    assert before_after_problems(RunSettings()) == []
+    assert before_after_problems(RunSettings(eval_tasks="family:heldout")) == []
+    problems = before_after_problems(RunSettings(eval_tasks="family:nope", weight_sync=False,
+                                                 eval_rollouts_per_task=0))
+    text = "\n".join(problems)
+    assert len(problems) == 3
+    assert "untrained model" in text and ">= 1" in text and "family:nope" in text
+
+
+def _summary(per_task: dict[str, tuple[int, int]], unscored: int = 0) -> dict:
+    rows = {t: {"passed": p, "scored": s, "unscored": 0} for t, (p, s) in per_task.items()}
+    passed, scored = sum(p for p, _ in per_task.values()), sum(s for _, s in per_task.values())
+    return {"per_task": rows, "passed": passed, "scored": scored, "unscored": unscored,
+            "overall_pass_rate": passed / scored}
+
+
+def test_the_before_after_table_reports_rates_and_the_change_in_points():
+    before = _summary({"a": (1, 4), "b": (0, 4)})
+    after = _summary({"a": (4, 4), "b": (1, 4)}, unscored=2)
+    table, data = before_after_table(before, after)
+    assert data["before_pass_rate"] == 0.125 and data["after_pass_rate"] == 0.625
+    assert data["change_points"] == pytest.approx(50.0)
+    assert data["per_task"]["a"]["change_points"] == pytest.approx(75.0)
+    assert [c._cells for c in table.columns][0] == ["a", "b", "overall"]
+    assert table.columns[3]._cells[-1] == "+50.0 points"
+    assert "2 unscored" in table.caption
+
+
+def _read_png(path: Path) -> tuple[int, int, bytes]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
+        chunks[kind] = chunks.get(kind, b"") + body
+        pos += 12 + length
+    width, height, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, colour) == (8, 2)
+    return width, height, zlib.decompress(chunks[b"IDAT"])
+
+
+def test_the_built_in_png_draws_each_point_where_its_value_is(tmp_path: Path):
+    path = tmp_path / "p.png"
+    write_png_plot(path, [1, 2, 3], [[0.0, 0.5, 1.0]], width=200, height=100)
+    width, height, raw = _read_png(path)
+    assert (width, height) == (200, 100) and len(raw) == height * (1 + width * 3)
+
+    def pixel(x: int, y: int) -> tuple[int, ...]:
+        i = y * (1 + width * 3) + 1 + x * 3
+        return tuple(raw[i:i + 3])
+
+    blue = (31, 119, 180)
+    # plot box: x 40..180, y 20..70; y range [0, 1]
+    assert pixel(40 + 1, 70 - 1) == blue      # (1, 0.0) bottom left (marker beside the axis)
+    assert pixel(110, 45) == blue             # (2, 0.5) centre
+    assert pixel(180, 20) == blue             # (3, 1.0) top right
+    assert pixel(110, 25) != blue             # nothing where no value is
+
+
+def test_every_run_writes_its_reward_curve_as_json_and_png(tmp_path: Path):
+    history = [{"step": 1.0, "reward/mean": 0.1, "reward/scored": 4.0},
+               {"step": 2.0, "reward/mean": 0.4, "reward/scored": 4.0,
+                "rollout/correctness_mean": 0.25}]
+    for force in (True, False):  # the built-in raster, and matplotlib where it is installed
+        json_path, png_path = write_reward_curve(tmp_path, history, shuffled=True,
+                                                 force_builtin=force)
+        curve = json.loads(json_path.read_text())
+        assert curve == {"steps": [1, 2], "reward_mean": [0.1, 0.4], "rollouts_scored": [4.0, 4.0],
+                         "shuffled_rewards": True, "env_reward_mean": [None, 0.25]}
+        assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 500
+
+
+# --- the held-out evaluation, end to end with a real agent ----------------------------------
+
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+_TASK = re.compile(r"(?:Create|file|named) (\S+\.txt)\b.*?(?:containing|content is) (\S+?)\.\s",
+                   re.DOTALL)
+_WRITE = re.compile(r"Write the word (\S+) into the file (\S+?)\.\s")
+
+
+def _target(request: dict[str, Any]) -> tuple[str, str]:
+    text = json.dumps(request.get("messages") or []).replace("\\n", "\n")
+    if m := _WRITE.search(text):
+        return m.group(2), m.group(1)
+    m = _TASK.search(text)
+    assert m, "no family instruction in the request"
+    return m.group(1), m.group(2)
+
+
+def policy(request: dict[str, Any]) -> str:
+    """Solves every task whose file is answer.txt; writes the wrong word everywhere else."""
+    from tests.scripted_engine import shell_tool_name, tool_call
+
+    name = shell_tool_name(request)
+    if any(m.get("role") == "tool" for m in request["messages"]):
+        return tool_call(name, command=SUBMIT)
+    file, word = _target(request)
+    if file != "answer.txt":
+        word = "wrong"
+    return tool_call(name, command=f"echo {word} > /app/{file}")
+
+
+@pytest.mark.agents
+@pytest.mark.slow
+def test_the_held_out_evaluation_counts_real_verifier_passes(tiny_model_path: Path,
+                                                             tmp_path: Path):
+    from capture import CaptureServer
+    from launchers.paths import agent_bin
+    from tests.scripted_engine import ScriptedEngine
+
+    try:
+        agent_bin("mini")
+    except Exception as exc:  # noqa: BLE001 - its message names ./setup.sh
+        pytest.fail(f"mini-swe-agent is not installed here: {exc}")
+    tasks = [t for t in family_tasks("heldout") if t.metadata["template"] in (1, 2)][:4]
+    assert {t.metadata["file"] for t in tasks} & {"answer.txt"}
+    settings = RunSettings(eval_tasks=str(FAMILY_DIR / "heldout"), eval_rollouts_per_task=1,
+                           max_agent_steps=4, agent_timeout_s=150, max_concurrent_rollouts=4)
+    with ScriptedEngine(tiny_model_path, policy) as engine, CaptureServer(engine.url) as proxy:
+        stack = SimpleNamespace(proxy=proxy, engine_url=engine.url)
+        summary = evaluate_split(stack, settings, tasks, tmp_path, "before")
+    expected = {t.full_name: int(t.metadata["file"] == "answer.txt") for t in tasks}
+    got = {name: row["passed"] for name, row in summary["per_task"].items()}
+    assert got == expected, summary
+    assert summary["scored"] == len(tasks) and summary["unscored"] == 0, summary
+    assert json.loads((tmp_path / "eval-before" / "eval_summary.json").read_text()) == summary
+    assert len((tmp_path / "eval-before" / "rollouts.jsonl").read_text().splitlines()) == 4
+    assert not engine.errors
+
+
+# --- bench/learning: the seeds-and-controls table ----------------------------------------------
+
+def _run_dir(out: Path, name: str, before: float, after: float) -> None:
+    (out / name).mkdir(parents=True)
+    (out / name / "before_after.json").write_text(json.dumps({
+        "before_pass_rate": before, "after_pass_rate": after,
+        "change_points": (after - before) * 100, "shuffled_rewards": name.startswith("control"),
+        "seed": int(name.split("-")[1])}))
+
+
+def test_the_learning_bench_judges_seeds_and_controls_by_the_issues_bar(tmp_path: Path,
+                                                                         capsys):
+    from bench.learning.run import main, train_command
+
+    for s, (b, a) in enumerate([(0.1, 0.5), (0.2, 0.45), (0.1, 0.2), (0.0, 0.3)]):
+        _run_dir(tmp_path, f"seed-{s}", b, a)
+        _run_dir(tmp_path, f"control-{s}", b, b + 0.02)
+    assert main(["--out", str(tmp_path), "--report-only"]) == 0
+    out = capsys.readouterr().out
+    assert "3/4" in out and "4/4" in out and "MEETS" in out
+    assert "seed-2" in out and "+10.0 pt" in out
+    # A control that rose 10 points fails the bar; so does a run with no result.
+    (tmp_path / "control-1" / "before_after.json").unlink()
+    assert main(["--out", str(tmp_path), "--report-only"]) == 1
+    assert "not run, or the run failed" in capsys.readouterr().out
+    _run_dir(tmp_path / "again", "control-1", 0.1, 0.2)
+    (tmp_path / "again" / "control-1").replace(tmp_path / "control-1")
+    assert main(["--out", str(tmp_path), "--report-only"]) == 1
+    out = capsys.readouterr().out
+    assert "3/4 (need" in out and "within 5 points: 3/4" in out
+    cmd = train_command(2, True, tmp_path, ["--steps", "5"])
+    assert cmd[-3:] == ["--shuffle-rewards", "--steps", "5"]
+    assert cmd[cmd.index("--seed") + 1] == "2" and "family:heldout" in cmd
+
+
+def test_preflight_reports_a_bad_eval_split_before_any_process_starts():
+    from harness.preflight import preflight
+
+    problems = preflight(RunSettings(eval_tasks="family:nope", tasks="family:train"), train=True)
+    assert any(p.startswith("--eval-tasks 'family:nope'") for p in problems), problems
+    assert not any("family:train" in p for p in problems), problems
