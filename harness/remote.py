@@ -151,6 +151,7 @@ class RemoteRolloutResult:
     error: str | None = None
     attempts: int = 1
     timings: dict[str, float] = field(default_factory=dict)
+    verifier_output: str | None = None
     service: str | None = None
 
     @property
@@ -172,7 +173,8 @@ class RemoteRolloutResult:
                    episode_id=body.get("episode_id"), trace=trace, outcome=outcome,
                    env_reward=body.get("env_reward"), rewards=dict(body.get("rewards") or {}),
                    error=body.get("error"), attempts=int(body.get("attempts") or 1),
-                   timings=dict(body.get("timings") or {}), service=service)
+                   timings=dict(body.get("timings") or {}),
+                   verifier_output=body.get("verifier_output"), service=service)
 
 
 class _Service:

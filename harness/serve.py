@@ -90,6 +90,7 @@ def result_json(result: Any) -> dict[str, Any]:
         "error": result.error,
         "attempts": result.attempts,
         "timings": dict(result.timings),
+        "verifier_output": result.verifier_output,
         "trace": None if trace is None else trace.model_dump(mode="json"),
         "entries": None if trace is None else trace.to_trace_entries(),
         "outcome": None if outcome is None else {
