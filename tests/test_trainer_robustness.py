@@ -201,3 +201,24 @@ def test_a_checkpoint_without_a_valid_world_size_is_refused(tmp_path, edit, mess
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(path, model=model, optimizer=torch.optim.AdamW(model.parameters()),
                         scheduler=None, dist_info=trainer.dist)
+
+
+def test_a_partly_read_weight_stream_leaves_autograd_on() -> None:
+    # Grad mode is per-thread state: a gather generator suspended inside no_grad once left the
+    # trainer's thread without autograd, and the next step's backward failed ("element 0 of
+    # tensors does not require grad") three steps into a real run.
+    import torch
+
+    from trainer.weight_sync.source import FullModelView, iter_full_parameters
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    view = FullModelView(model)
+    stream = view.named_parameters()
+    name, tensor = next(stream)
+    assert not tensor.requires_grad
+    assert torch.is_grad_enabled(), "a suspended weight stream switched autograd off"
+    next(iter_full_parameters(model))
+    assert torch.is_grad_enabled()
+    loss = model(torch.ones(1, 4)).sum()
+    loss.backward()  # what failed before
+    assert model[0].weight.grad is not None

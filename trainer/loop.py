@@ -104,7 +104,10 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
     t_compute = 0.0
     sums = dict.fromkeys(STAT_KEYS, 0.0)
     loss_total = 0.0
+    # enable_grad: grad mode is per-thread state, and this runs on a worker thread that other
+    # code (a weight push, an evaluation) may have left in no_grad.
     if pack.trainable_tokens > 0:
+        torch.set_grad_enabled(True)
         trainer.model.train()
         trainer.optimizer.zero_grad(set_to_none=True)
         for mb in mine:

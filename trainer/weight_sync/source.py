@@ -75,9 +75,10 @@ def iter_full_parameters(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield `(checkpoint name, full tensor)` in `named_parameters()` order. Collective under FSDP2."""
     rename = name_map or checkpoint_name
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            yield rename(name), _full(param.detach())
+    for name, param in model.named_parameters():
+        with torch.no_grad():  # not around the yield: see FullModelView._gather
+            full = _full(param.detach())
+        yield rename(name), full
 
 
 class FullModelView:
@@ -113,12 +114,16 @@ class FullModelView:
         return out
 
     def _gather(self) -> Iterator[tuple[str, torch.Tensor]]:
-        with torch.no_grad():
-            for name, param in self.model.named_parameters():
+        # no_grad around each gather, never around a yield: grad mode is per-thread global state,
+        # and a generator suspended inside no_grad leaves the consumer's thread without autograd
+        # (the next training step's backward then fails, or worse, a caller that reads only part
+        # of the stream trains nothing).
+        for name, param in self.model.named_parameters():
+            with torch.no_grad():
                 full = _full(self._cast(param.detach()))
-                self.read += 1
-                yield name, full
-                del full  # the caller has consumed it: only one full tensor alive at a time
+            self.read += 1
+            yield name, full
+            del full  # the caller has consumed it: only one full tensor alive at a time
 
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self._stream is not None:
