@@ -8,16 +8,18 @@ sampled ids and logprobs are recorded per call, linked into a rollout graph by e
 and exported as an `openenv.core.harness.training.TrainingTrace`.
 
     capture.server.CaptureServer     the proxy in-process (uvicorn thread); `python -m capture`
+    capture.serving                  uvicorn through its public interface, on a socket bound first
     capture.client.CaptureClient     admin API client (+ AsyncCaptureClient)
     capture.errors                   the exception tree (upstream vs session vs bad input)
     capture.graph / aux / export     rollout graph, aux tagging, TrainingTrace export
-    capture.upstream / engine_http   the engine leg: vLLM's chat route over a small httptools client
+    capture.upstream                 the engine leg: vLLM's chat route, one tuned aiohttp session
     capture.resent                   a resent history is neither parsed nor serialised again
     capture.early                    a resent chat call leaves for the engine before its translation
     capture.fake_engine              a fast fake vLLM for tests, fault injection and the benchmark
     capture.allowlist                what of an agent's request may reach the engine (the rest is
                                      dropped and counted: the engine samples under the policy)
-    capture.guard                    safe on a public port: key before body, read times, bounds
+    capture.guard                    safe on a public port: every check of a request's head, its
+                                     read times and its bounds, in one place
     capture.calllog                  the per-session log: fsync policy, torn lines cost themselves
 
 What the room refuses: tokenizing anything (ids come from the engine), scoring anything (rewards

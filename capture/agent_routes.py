@@ -7,13 +7,14 @@
     GET  /s/{id}/v1/models                side route: the engine's model, never recorded
     HEAD|GET /s/{id}/                     side route: Claude Code's liveness probe
 
-Order of checks, cheapest and most important first, the first three from the request's head
-alone, before any body byte is read (capture.guard.admit; the fast lane runs it as the head
-completes): session exists (404), the key is this session's own (401, nothing recorded), the
-session is under its memory bound (413); then content type (415); size (413); JSON (400); dialect
-translation (its DialectError status); the engine-field allowlist (capture.allowlist: fields are
-dropped and counted, a `stop` past its bounds is a 400). Only then is a call id taken and the call
-recorded (ok or failed), so a rejected request never appears in a trace.
+Order of checks, cheapest and most important first, the first four from the request's head
+alone, before any body byte is read (capture.guard's `Gate`, before any route runs): session
+exists (404), the key is this session's own (401, nothing recorded), the session is under its
+memory bound (413), the declared size (413); then content type (415); the size taken (413, Gate
+too); JSON (400); dialect translation (its DialectError status); the engine-field allowlist
+(capture.allowlist: fields are dropped and counted, a `stop` past its bounds is a 400). Only then
+is a call id taken and the call recorded (ok or failed), so a rejected request never appears in a
+trace.
 
 Per call, one engine request: the dialect's chat body, rewritten to the session's sampling policy
 and the capture fields (upstream module docstring). A chat call that is the session's last one with
@@ -32,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -50,7 +51,7 @@ from .errors import (
     EngineNoTokenIds,
     UpstreamError,
 )
-from .guard import Headers, admit, header, presented_key, refusal_bytes
+from .guard import SESSION, Headers, error_response, header, read_body
 from .recorder import CallRecorder
 from .sessions import Session
 from .upstream import JSON_ERRORS, EngineStream, dumps, loads
@@ -58,59 +59,27 @@ from .upstream import JSON_ERRORS, EngineStream, dumps, loads
 if TYPE_CHECKING:
     from .app import CaptureState
 
-__all__ = ["agent_call_asgi", "agent_endpoint", "count_tokens", "model_call", "models", "probe"]
+__all__ = ["agent_call_asgi", "agent_endpoint", "count_tokens", "json_object", "models", "probe"]
 
 logger = logging.getLogger(__name__)
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def _error(dialect: Dialect, error: CaptureError | DialectError, status: int | None = None
-           ) -> JSONResponse:
-    status = status or error.status
-    return JSONResponse(dialect.error_body(status, error.message), status_code=status)
-
-
-def _authorize(state: CaptureState, session_id: str, headers: Headers) -> Session:
-    session = state.store.get(session_id)
-    session.check_key(presented_key(headers))
-    return session
-
-
-async def _read_json(state: CaptureState, headers: Headers, receive: Any,
-                     parse: Callable[[bytes], Any] = loads) -> dict[str, Any]:
-    return _parse_body(await _read_raw(state, headers, receive), parse)
-
-
-async def _read_raw(state: CaptureState, headers: Headers, receive: Any) -> bytes:
-    """The request's bytes, once its type and size are acceptable (415, 413, 400 if empty)."""
+async def _read_raw(headers: Headers, receive: Any) -> bytes:
+    """The request's bytes, once its type is acceptable (415; 400 if empty). Its size and read
+    time are capture.guard's, kept as `receive` gives the bytes."""
     ctype = (header(headers, b"content-type") or "application/json").split(";")[0].strip().lower()
     if ctype and ctype != "application/json" and not ctype.endswith("+json"):
         raise BadRequest(f"content-type must be application/json, got {ctype[:80]!r}", status=415)
-    limit = state.limits.max_body_bytes
-    declared = header(headers, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BadRequest(f"request body is over the proxy's {limit}-byte limit", status=413)
-    chunks: list[bytes] = []
-    size = 0
-    while True:  # not Request.stream(): an async generator per call costs more
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise BadRequest("the agent closed the connection before its request was whole")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BadRequest(f"request body is over the proxy's {limit}-byte limit", status=413)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    raw = await read_body(receive)
     if not raw.strip():
         raise BadRequest("request body is empty; send a JSON object")
     return raw
 
 
-def _parse_body(raw: bytes, parse: Callable[[bytes], Any]) -> dict[str, Any]:
+def json_object(raw: bytes, parse: Callable[[bytes], Any] = loads) -> dict[str, Any]:
+    """A request body that must be a JSON object (400 otherwise): agent and admin routes."""
     try:
         body = parse(raw)
     except JSON_ERRORS as exc:
@@ -121,11 +90,12 @@ def _parse_body(raw: bytes, parse: Callable[[bytes], Any]) -> dict[str, Any]:
 
 
 def agent_endpoint(dialect_name: str):
-    """The route handler for one dialect's model-call route."""
+    """The route handler for one dialect's model-call route (a model call that
+    `agent_call_asgi` did not take, such as one under a root path)."""
     dialect = DIALECTS[dialect_name]
 
     async def agent_call(request: Request) -> Response:
-        return await _agent_call(request.app.state.capture, request.path_params["session_id"],
+        return await _agent_call(request.app.state.capture, request.scope[SESSION],
                                  request.scope["headers"], request.receive, dialect)
 
     agent_call.__name__ = f"agent_call_{dialect_name}"
@@ -133,73 +103,41 @@ def agent_endpoint(dialect_name: str):
 
 
 # The model-call routes by what follows `/s/{id}/`: served before Starlette's middleware and
-# router (`model_call`).
+# router (`agent_call_asgi`).
 _CALL_ROUTES = {"v1/chat/completions": DIALECTS["chat"], "v1/responses": DIALECTS["responses"],
                 "v1/messages": DIALECTS["messages"]}
 
 
-def model_call(app: Any, path: str) -> Callable[[Any, Any, Any], Awaitable[None]] | None:
-    """The ASGI handler of a model call at `path` (exactly `/s/{id}/v1/<model-call route>`; the
-    caller has checked the method is POST), or None for any other path.
+async def agent_call_asgi(state: CaptureState, scope: dict[str, Any], receive: Any, send: Any
+                          ) -> bool:
+    """Serve a model call (POST to exactly `/s/{id}/v1/<model-call route>`, its session admitted
+    by capture.guard) and return True; return False, having done nothing, for anything else.
 
     Why not the route table: every call would pass through Starlette's error and exception
     middleware, its router (a regex per route until one matches) and its wrappers before reaching
     `_agent_call`, 0.15-0.2 ms of CPU per call on this machine, on the path the agent waits on.
-    The handler is the same one behind the same route table's paths; what it skips is the
-    layering. The server's fast lane (`capture.fast_lane`) asks here first; so does `CaptureApp`
-    for a model call that reaches it through uvicorn's own path.
-    """
-    if not path.startswith("/s/"):
-        return None
-    session_id, _, rest = path[3:].partition("/")
-    dialect = _CALL_ROUTES.get(rest)
-    if dialect is None or not session_id:
-        return None
-    return _ModelCall(app.state.capture, session_id, dialect)
-
-
-class _ModelCall:
-    """A model call's ASGI handler, with the check a server may run on its head alone."""
-
-    __slots__ = ("dialect", "session_id", "state")
-
-    def __init__(self, state: CaptureState, session_id: str, dialect: Dialect) -> None:
-        self.state, self.session_id, self.dialect = state, session_id, dialect
-
-    def precheck(self, headers: Headers) -> bytes | None:
-        """A whole refusal (404, 401, 413) if the call may not be served, from its head alone,
-        before any body byte is read (capture.guard); None to go on."""
-        try:
-            admit(self.state, self.session_id, headers)
-        except CaptureError as exc:
-            return refusal_bytes(exc.status, self.dialect.error_body(exc.status, exc.message))
-        return None
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        response = await _agent_call(self.state, self.session_id, scope["headers"], receive,
-                                     self.dialect)
-        await response(scope, receive, send)
-
-
-async def agent_call_asgi(app: Any, scope: dict[str, Any], receive: Any, send: Any) -> bool:
-    """Serve a model call (POST to exactly a model-call route: `model_call`) and return True;
-    return False, having done nothing, for anything else."""
-    handler = model_call(app, scope["path"]) if scope["method"] == "POST" else None
-    if handler is None:
+    The handler is the same one behind the route table's paths; what it skips is the layering."""
+    path: str = scope["path"]
+    if scope["method"] != "POST" or not path.startswith("/s/"):
         return False
-    await handler(scope, receive, send)
+    dialect = _CALL_ROUTES.get(path[3:].partition("/")[2])
+    session = scope.get(SESSION)
+    if dialect is None or session is None:
+        return False
+    response = await _agent_call(state, session, scope["headers"], receive, dialect)
+    await response(scope, receive, send)
     return True
 
 
-async def _agent_call(state: CaptureState, session_id: str, headers: Headers, receive: Any,
+async def _agent_call(state: CaptureState, session: Session, headers: Headers, receive: Any,
                       dialect: Dialect) -> Response:
+    """`session`: admitted from the head by capture.guard."""
     started, weight_version = time.perf_counter(), state.weight_version
     early: EarlyCall | None = None
     try:
-        session = admit(state, session_id, headers)  # before any body byte is read
-        raw = await _read_raw(state, headers, receive)
+        raw = await _read_raw(headers, receive)
         early = _send_early(state, session, dialect, raw)
-        body = _parse_body(raw, session.reader.read)
+        body = json_object(raw, session.reader.read)
         try:
             chat = dialect.to_chat(body, session.memo)
         except DialectError:
@@ -213,7 +151,7 @@ async def _agent_call(state: CaptureState, session_id: str, headers: Headers, re
     except (CaptureError, DialectError) as exc:
         if early is not None:
             early.cancel()
-        return _error(dialect, exc)
+        return error_response(exc, dialect)
     try:
         return await _forward(state, session, dialect, raw, body, chat, early,
                               (started, weight_version))
@@ -282,7 +220,7 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
     try:
         dropped = restrict(chat)  # capture.allowlist: only the trainer's policy reaches the engine
     except BadRequest as exc:
-        return _error(dialect, exc)
+        return error_response(exc, dialect)
     enforced = session.policy.enforce(chat)
     chat["logprobs"] = True
     chat["top_logprobs"] = 0
@@ -295,7 +233,7 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
         call_id = session.next_call_id()
         session.in_flight += 1
         _finish_failed(state, session, call_id, exc, info)
-        return _error(dialect, exc)
+        return error_response(exc, dialect)
     call_id = session.next_call_id()
     session.in_flight += 1
     recorder = CallRecorder()
@@ -310,21 +248,22 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
             recorder.check()
         except UpstreamError as exc:
             _finish_failed(state, session, call_id, exc, info)
-            return _error(dialect, exc)
+            return error_response(exc, dialect)
         try:
             answer = dumps(dialect.from_chat(reply, body))
         except Exception as exc:  # a dialect bug must still answer in the agent's shape
             _finish_ok(state, session, call_id, recorder, info)
             logger.exception("dialect %s failed on an engine reply", dialect.name)
             state.dialect_crashes += 1
-            return _error(dialect, CaptureError(f"could not translate the engine reply: {exc}"))
+            return error_response(
+                CaptureError(f"could not translate the engine reply: {exc}"), dialect)
         return _AnswerThenRecord(answer, lambda: _finish_ok(
             state, session, call_id, recorder, info))
     try:
         upstream = await (sent or state.engine.open_stream(engine_body))
     except UpstreamError as exc:
         _finish_failed(state, session, call_id, exc, info)
-        return _error(dialect, exc)
+        return error_response(exc, dialect)
     relay = _Relay(state, session, call_id, info, recorder, upstream,
                    dialect.stream_encoder(body))
     return _RelayResponse(relay)
@@ -516,21 +455,21 @@ def _finish_failed(state: CaptureState, session: Session, call_id: str, error: E
     logger.warning("session %s call %s failed: %s", session.session_id, call_id, error)
 
 
-# --- side routes (never recorded) ---------------------------------------------------------------
+# --- side routes (never recorded; their session's key is checked by capture.guard) --------------
 async def count_tokens(request: Request) -> Response:
-    state: CaptureState = request.app.state.capture
     dialect = DIALECTS["messages"]
     try:
-        _authorize(state, request.path_params["session_id"], request.scope["headers"])
-        body = await _read_json(state, request.scope["headers"], request.receive)
+        body = json_object(await _read_raw(request.scope["headers"], request.receive))
         answer = dialect.count_tokens(body)
     except (CaptureError, DialectError) as exc:
-        return _error(dialect, exc)
+        return error_response(exc, dialect)
     except Exception as exc:  # same rule as to_chat: hostile input never becomes a 500
         logger.exception("count_tokens failed")
-        return _error(dialect, BadRequest(f"could not count tokens: {type(exc).__name__}"))
+        return error_response(
+            BadRequest(f"could not count tokens: {type(exc).__name__}"), dialect)
     if answer is None:
-        return _error(dialect, BadRequest("this dialect has no token-count route", status=404))
+        return error_response(
+            BadRequest("this dialect has no token-count route", status=404), dialect)
     return JSONResponse(answer)
 
 
@@ -538,10 +477,9 @@ async def models(request: Request) -> Response:
     state: CaptureState = request.app.state.capture
     dialect = DIALECTS["chat"]
     try:
-        _authorize(state, request.path_params["session_id"], request.scope["headers"])
         name = await state.engine.served_model()
     except CaptureError as exc:
-        return _error(dialect, exc)
+        return error_response(exc, dialect)
     created = int(time.time())
     return JSONResponse({
         "object": "list",
@@ -552,11 +490,7 @@ async def models(request: Request) -> Response:
 
 
 async def probe(request: Request) -> Response:
-    state: CaptureState = request.app.state.capture
-    try:
-        _authorize(state, request.path_params["session_id"], request.scope["headers"])
-    except CaptureError as exc:
-        return _error(DIALECTS["messages"], exc)
+    """Answered once capture.guard has admitted the session's key."""
     if request.method == "HEAD":
         return Response(status_code=200)
     return JSONResponse({"ok": True})

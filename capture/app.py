@@ -2,7 +2,7 @@
 
 Admin routes (all need `Authorization: Bearer <admin_key>`; served on the public listener only
 when the proxy binds loopback or is told to (`admin_on_public`), otherwise only on the admin
-listener on 127.0.0.1, capture.guard):
+listener on 127.0.0.1; both checked by capture.guard before the route runs):
 
     POST   /admin/sessions                 {"sampling"?, "metadata"?, "session_id"?} -> 201
                                            {session_id, secret, base_urls, sampling}
@@ -19,9 +19,9 @@ listener on 127.0.0.1, capture.guard):
 
 Agent routes live in `agent_routes`. Starlette (not FastAPI): the proxy has a dozen routes and no
 schema to publish, and every layer between the socket and the engine is per-call CPU; for the same
-reason the three model-call routes are served in the server's fast lane (`capture.fast_lane`,
-`CaptureApp.fast_lane`), or, when they reach the app, before Starlette's middleware and router
-(`CaptureApp`, `agent_routes.agent_call_asgi`).
+reason the three model-call routes are dispatched before Starlette's middleware and router
+(`CaptureApp`, `agent_routes.agent_call_asgi`). Every request passes capture.guard's `Gate`
+first: keys, the admin listener, and the body's bounds are checked there and nowhere else.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,13 +41,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .agent_routes import agent_call_asgi, agent_endpoint, count_tokens, model_call, models, probe
+from .agent_routes import agent_call_asgi, agent_endpoint, count_tokens, json_object, models, probe
 from .calllog import sync_fds
-from .errors import BadRequest, BadSessionKey, CaptureError, NothingTrainableError
+from .errors import BadRequest, CaptureError, NothingTrainableError
 from .export import iter_trace_json, plan_export
-from .guard import Limits
+from .guard import Gate, Limits, error_response, read_body
 from .sessions import SessionStore
-from .upstream import JSON_ERRORS, EngineClient, loads
+from .upstream import EngineClient
 
 __all__ = ["CaptureApp", "CaptureState", "create_app"]
 
@@ -78,38 +77,11 @@ class CaptureState:
         return self.limits.max_body_bytes
 
 
-def _admin_error(error: CaptureError) -> JSONResponse:
-    body: dict[str, Any] = {"error": {"type": type(error).__name__, "message": error.message}}
-    if isinstance(error, NothingTrainableError):
-        body["reasons"] = error.reasons
-    return JSONResponse(body, status_code=error.status)
-
-
-def _check_admin(request: Request) -> CaptureState:
-    state: CaptureState = request.app.state.capture
-    auth = request.headers.get("authorization", "")
-    key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-    if not hmac.compare_digest(key.encode("utf-8", "surrogatepass"), state.admin_key.encode()):
-        raise BadSessionKey(
-            "admin routes need `Authorization: Bearer <admin key>` (printed by `python -m "
-            "capture`, or CaptureServer.admin_key)"
-        )
-    return state
-
-
 async def _json_body(request: Request, limit: int = 1 << 20) -> dict[str, Any]:
-    raw = await request.body()
+    raw = await read_body(request.receive)
     if len(raw) > limit:
         raise BadRequest("admin request body too large", status=413)
-    if not raw.strip():
-        return {}
-    try:
-        body = loads(raw)
-    except JSON_ERRORS as exc:
-        raise BadRequest(f"body is not valid JSON: {str(exc)[:200]}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object")
-    return body
+    return json_object(raw) if raw.strip() else {}
 
 
 def _base_urls(state: CaptureState, request: Request, session_id: str) -> dict[str, str]:
@@ -120,8 +92,8 @@ def _base_urls(state: CaptureState, request: Request, session_id: str) -> dict[s
 
 
 async def create_session(request: Request) -> Response:
+    state: CaptureState = request.app.state.capture
     try:
-        state = _check_admin(request)
         body = await _json_body(request)
         session = state.store.create(
             sampling=body.get("sampling"),
@@ -129,7 +101,7 @@ async def create_session(request: Request) -> Response:
             session_id=body.get("session_id"),
         )
     except CaptureError as exc:
-        return _admin_error(exc)
+        return error_response(exc)
     return JSONResponse(
         {
             "session_id": session.session_id,
@@ -143,33 +115,30 @@ async def create_session(request: Request) -> Response:
 
 
 async def list_sessions(request: Request) -> Response:
-    try:
-        state = _check_admin(request)
-    except CaptureError as exc:
-        return _admin_error(exc)
+    state: CaptureState = request.app.state.capture
     return JSONResponse(
         {"sessions": [state.store.get(sid).describe() for sid in state.store.ids()]}
     )
 
 
 async def session_trace(request: Request) -> Response:
+    state: CaptureState = request.app.state.capture
     try:
-        state = _check_admin(request)
         session = state.store.get(request.path_params["session_id"])
         plan = plan_export(session)
         if plan.trainable_tokens == 0:
             raise NothingTrainableError(session.session_id, plan.reasons)
     except CaptureError as exc:
-        return _admin_error(exc)
+        return error_response(exc)
     return StreamingResponse(iter_trace_json(plan), media_type="application/json")
 
 
 async def session_stats(request: Request) -> Response:
+    state: CaptureState = request.app.state.capture
     try:
-        state = _check_admin(request)
         session = state.store.get(request.path_params["session_id"])
     except CaptureError as exc:
-        return _admin_error(exc)
+        return error_response(exc)
     plan = plan_export(session)
     graph = session.graph
     stored_bytes = sum(
@@ -204,17 +173,17 @@ async def session_stats(request: Request) -> Response:
 
 
 async def delete_session(request: Request) -> Response:
+    state: CaptureState = request.app.state.capture
     try:
-        state = _check_admin(request)
         state.store.delete(request.path_params["session_id"])
     except CaptureError as exc:
-        return _admin_error(exc)
+        return error_response(exc)
     return JSONResponse({"deleted": request.path_params["session_id"]})
 
 
 async def weight_version(request: Request) -> Response:
+    state: CaptureState = request.app.state.capture
     try:
-        state = _check_admin(request)
         if request.method == "POST":
             body = await _json_body(request)
             version = body.get("version")
@@ -222,7 +191,7 @@ async def weight_version(request: Request) -> Response:
                 raise BadRequest('send {"version": <int>}')
             state.weight_version = version
     except CaptureError as exc:
-        return _admin_error(exc)
+        return error_response(exc)
     return JSONResponse({"version": state.weight_version})
 
 
@@ -313,31 +282,17 @@ async def _flush_logs(store: SessionStore, interval_s: float) -> None:
             await asyncio.to_thread(sync_fds, fds)
 
 
-_NOT_HERE = b'{"error":{"type":"UnknownRoute","message":"not served on this address"}}'
-
-
 class CaptureApp(Starlette):
-    """Starlette, with the model calls (the hot path) dispatched first (`agent_call_asgi`), and
-    offered to the server's fast lane (`fast_lane`, `capture.fast_lane`)."""
-
-    def fast_lane(self, path: str) -> Any:
-        """The handler of a model call at `path` for the server's fast lane, or None."""
-        return model_call(self, path)
+    """Starlette, behind capture.guard's `Gate` (every request), with the model calls (the hot
+    path) dispatched before Starlette's middleware and router (`agent_call_asgi`)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            if await agent_call_asgi(self, scope, receive, send):
+            state = self.state.capture
+            gate = await Gate.open(state, scope, receive, send)
+            if gate is None:  # refused from the head, answered
                 return
-            if scope["path"].startswith("/admin") and not self._admin_here(scope):
-                # the public listener of a proxy with an admin listener: as if no such route
-                await send({"type": "http.response.start", "status": 404,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", b"%d" % len(_NOT_HERE))]})
-                await send({"type": "http.response.body", "body": _NOT_HERE})
+            receive, send = gate.receive, gate.send
+            if await agent_call_asgi(state, scope, receive, send):
                 return
         await super().__call__(scope, receive, send)
-
-    def _admin_here(self, scope: Any) -> bool:
-        port = self.state.capture.admin_port
-        server = scope.get("server")
-        return port is None or (server is not None and server[1] == port)

@@ -1,62 +1,80 @@
 """Safe on a public port: every check that stands between the socket and a session, in one place.
 
 The HF Jobs launcher binds the proxy on 0.0.0.0 and exposes it, so anyone who can reach the port
-can send it bytes. What the proxy promises to such a peer, and where each promise is kept:
+can send it bytes. What the proxy promises to such a peer, and where each promise is kept (all of
+it here; the proxy's app calls `Gate` first for every request, the server runs `GuardedHTTP`):
 
-    the session key first   a model call is admitted (`admit`: the session exists, the key is its
-                            own, the session is under its memory bound) from its HEAD alone,
-                            before any byte of its body is read: the fast lane asks `admit` when
-                            the head is complete and answers a refusal at once
-                            (`refusal_bytes`, `connection: close`; the body that follows is
-                            discarded, at most DRAIN_BYTES of it, never kept); uvicorn's own path
-                            calls the same `admit` before `receive()`
-    bounded connections     `Limits.max_connections` open connections (uvicorn's
+    the session key first   a request under /s/{id}/ is admitted (`admit`: the session exists, the
+                            key is its own, and for a model call the session is under its memory
+                            bound) and an /admin request's admin key checked (`check_admin`) from
+                            its HEAD alone: `Gate` runs when uvicorn has parsed the head and before
+                            the app calls `receive()`, so a refusal (401, 404, 413) is decided
+                            before any body byte is taken, and answered with `connection: close`.
+                            What uvicorn (0.54, httptools and h11 alike) does meanwhile: it sends
+                            no `100 Continue` until the app first calls `receive()` (a refused
+                            request never does), and it buffers the body bytes that arrive
+                            meanwhile, pausing the socket once past its flow-control high water
+                            (64 KiB, so at most that plus one socket read); a refused request's
+                            buffer is dropped with its connection, never parsed or kept.
+    bounded connections     `Limits.max_connections` open connections and requests (uvicorn's
                             `limit_concurrency`, its public setting): past it a request is answered
-                            503; the fast lane defers to uvicorn's check (`over_capacity`)
-    header read time        `Limits.header_timeout_s` from a connection's opening (or a request's
-                            first byte) to its complete head; past it: 408 and the connection
-                            closes (a slowloris peer holds a connection that long at most)
+                            503 by uvicorn.
+    header read time        `Limits.header_timeout_s` from a connection's opening (or a later
+                            request's first byte) to its complete head; past it: 408 and the
+                            connection closes (a slowloris peer holds a connection that long at
+                            most). uvicorn has no public setting for it (`timeout_keep_alive`
+                            bounds only the idle time after a response), so `GuardedHTTP` keeps it.
     header size             `Limits.max_header_bytes` received before a head is complete; past
-                            it: 431, closed (the HTTP parser itself has no bound)
+                            it: 431, closed (`GuardedHTTP`: httptools has no bound; uvicorn's
+                            `h11_max_incomplete_event_size` exists for h11 only).
     body read time          `Limits.body_timeout_s` from the complete head to the complete body;
-                            past it: 408, closed
-    body size               `Limits.max_body_bytes` (413, before the body is read when declared)
+                            past it: 408, closed (`Gate`'s `receive`).
+    body size               `Limits.max_body_bytes`: 413 from the head when the declared length is
+                            over it, else once the bytes taken pass it (`Gate`'s `receive`).
     memory per session      `Limits.max_session_bytes` of recorded token arrays (the part of a
                             session that grows with its calls; the caches beside it are bounded
                             by a few request bodies): past it each new call is refused with 413
-                            and a message saying the rollout should end
+                            and a message saying the rollout should end.
     admin routes            served on the public listener only when asked
                             (`CaptureServer(admin_on_public=True)`); otherwise on their own
-                            listener on 127.0.0.1 (`CaptureServer.admin_url`)
+                            listener on 127.0.0.1 (`CaptureServer.admin_url`), and answered 404 on
+                            the public one.
 
-The timers and the header count (`ConnectionGuard`) are driven by the server's HTTP protocol
-(capture.fast_lane calls them from its parser callbacks); a server that cannot run that protocol
-refuses to bind a non-loopback address (capture.server) rather than serve a public port without
-them.
+`GuardedHTTP` wraps (never subclasses) the protocol uvicorn itself would serve with (`http="auto"`:
+httptools when installed, else h11) and talks to it only through asyncio.Protocol's interface; it
+is handed to uvicorn through `uvicorn.Config(http=...)`, which takes a protocol class. It reads the
+bytes as they pass only to find where a head ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import http
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import BadRequest
+from starlette.responses import JSONResponse
+
+from .dialects import DIALECTS
+from .errors import BadRequest, BadSessionKey, CaptureError, NothingTrainableError
 
 if TYPE_CHECKING:
     from .app import CaptureState
+    from .dialects.base import Dialect, DialectError
     from .sessions import Session
 
-__all__ = ["DRAIN_BYTES", "ConnectionGuard", "Limits", "admit", "presented_key",
-           "refusal_bytes"]
-
-# How much of a refused request's body is read (and dropped) before its connection is closed:
-# enough that a client with a wrong key reads its 401 rather than a reset, no more.
-DRAIN_BYTES = 64 * 1024
+__all__ = ["Gate", "GuardedHTTP", "Limits", "admit", "check_admin", "error_response",
+           "guarded_protocol", "header", "presented_key", "read_body"]
 
 Headers = list[tuple[bytes, bytes]]  # an ASGI scope's: names lowercased (uvicorn does)
+
+# The routes under /s/{id}/ that are model calls (POST), and the dialect whose error shape each
+# path under /s/{id}/ answers in.
+MODEL_CALLS = ("v1/chat/completions", "v1/responses", "v1/messages")
+_SHAPES = {"v1/chat/completions": "chat", "v1/responses": "responses", "v1/messages": "messages",
+           "v1/messages/count_tokens": "messages", "v1/models": "chat", "": "messages"}
+SESSION = "capture.session"  # the scope key `Gate` leaves the admitted session under
 
 
 @dataclass(frozen=True)
@@ -78,6 +96,7 @@ class Limits:
                 raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
 
 
+# --- what a head says -------------------------------------------------------------------------
 def header(headers: Headers, name: bytes) -> str | None:
     """The first value of header `name` (as Starlette's `Headers.get` would give it)."""
     for key, value in headers:
@@ -87,20 +106,23 @@ def header(headers: Headers, name: bytes) -> str | None:
 
 
 def presented_key(headers: Headers) -> str | None:
-    """The secret an agent SDK sends: `Authorization: Bearer <key>` or `x-api-key`."""
+    """The key a client sends: `Authorization: Bearer <key>` (agent SDKs, the admin client) or
+    `x-api-key` (Anthropic's SDKs)."""
     auth = header(headers, b"authorization")
     if auth and auth[:7].lower() == "bearer ":
         return auth[7:].strip()
     return header(headers, b"x-api-key")
 
 
-def admit(state: CaptureState, session_id: str, headers: Headers) -> Session:
-    """The session a model call may use, decided from its head alone: UnknownSession (404),
-    BadSessionKey (401), or BadRequest (413) for a session over its memory bound."""
+def admit(state: CaptureState, session_id: str, headers: Headers, model_call: bool = True
+          ) -> Session:
+    """The session a request may use, decided from its head alone: UnknownSession (404),
+    BadSessionKey (401), or for a model call BadRequest (413) for a session over its memory
+    bound."""
     session = state.store.get(session_id)
     session.check_key(presented_key(headers))
     bound = state.limits.max_session_bytes
-    if session.token_bytes >= bound:
+    if model_call and session.token_bytes >= bound:
         raise BadRequest(
             f"session {session_id} holds {session.token_bytes} bytes of recorded tokens, the "
             f"proxy's bound per session is {bound} (max_session_bytes): end this rollout",
@@ -108,87 +130,276 @@ def admit(state: CaptureState, session_id: str, headers: Headers) -> Session:
     return session
 
 
-def _response(status: int, content_type: bytes, data: bytes) -> bytes:
+def check_admin(state: CaptureState, headers: Headers) -> None:
+    """BadSessionKey (401) unless the head carries the admin key."""
+    key = presented_key(headers) or ""
+    if not hmac.compare_digest(key.encode("utf-8", "surrogatepass"), state.admin_key.encode()):
+        raise BadSessionKey(
+            "admin routes need `Authorization: Bearer <admin key>` (printed by `python -m "
+            "capture`, or CaptureServer.admin_key)")
+
+
+def error_response(error: CaptureError | DialectError, dialect: Dialect | None = None,
+                   close: bool = False) -> JSONResponse:
+    """A failure as the client expects it: in the agent's dialect's error shape, or for the
+    admin routes (`dialect` None) `{"error": {type, message}}` (+ `reasons` for a 409).
+    `close`: the connection closes after it (a refusal whose body may not have been read)."""
+    status = error.status
+    if dialect is not None:
+        body = dialect.error_body(status, error.message)
+    else:
+        body = {"error": {"type": type(error).__name__, "message": error.message}}
+        if isinstance(error, NothingTrainableError):
+            body["reasons"] = error.reasons
+    return JSONResponse(body, status_code=status,
+                        headers={"connection": "close"} if close else None)
+
+
+# --- bodies -----------------------------------------------------------------------------------
+async def read_body(receive: Any) -> bytes:
+    """A request's whole body from an ASGI `receive`: the one body reader of the proxy's routes
+    and of the servers beside it (fake engine, bench relay). Under `Gate` the bytes are already
+    bounded in size and time; a client that leaves first is a BadRequest."""
+    message = await receive()
+    if message["type"] == "http.request" and not message.get("more_body", False):
+        return message.get("body", b"")  # the common case: the body came whole
+    parts = []
+    while True:
+        if message["type"] == "http.disconnect":
+            raise BadRequest("the client closed the connection before its request was whole")
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
+        message = await receive()
+
+
+# --- the per-request gate -----------------------------------------------------------------------
+class Gate:
+    """One request through the checks: `Gate.open` decides from the head (a refusal is sent and
+    None returned) and otherwise returns the gate, whose `receive` keeps the body's read time and
+    size and whose `send` tells the connection's `GuardedHTTP` when the response is complete."""
+
+    __slots__ = ("_clock", "_deadline", "_receive", "_send", "dialect", "done", "limit",
+                 "refused", "size", "started")
+
+    def __init__(self, receive: Any, send: Any, limits: Limits, dialect: Dialect | None,
+                 clock: GuardedHTTP | None) -> None:
+        self._receive, self._send, self._clock = receive, send, clock
+        self.dialect = dialect
+        self.limit = limits.max_body_bytes
+        self._deadline = asyncio.get_running_loop().time() + limits.body_timeout_s
+        self.size = 0
+        self.done = self.refused = self.started = False
+
+    @classmethod
+    async def open(cls, state: CaptureState, scope: dict[str, Any], receive: Any, send: Any
+                   ) -> Gate | None:
+        clock = _CONNECTIONS.get((scope.get("server"), scope.get("client")))
+        if clock is not None:
+            clock.request_started()
+        path: str = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        headers = scope["headers"]
+        dialect = None
+        try:
+            if path.startswith("/s/"):
+                session_id, _, rest = path[3:].partition("/")
+                dialect = DIALECTS[_SHAPES.get(rest, "chat")]
+                scope[SESSION] = admit(state, session_id, headers,
+                                       model_call=scope["method"] == "POST"
+                                       and rest in MODEL_CALLS)
+            elif path.startswith("/admin"):
+                port = state.admin_port
+                server = scope.get("server")
+                if port is not None and (server is None or server[1] != port):
+                    # the public listener of a proxy with an admin listener: as if no such route
+                    raise UnknownRoute("not served on this address")
+                check_admin(state, headers)
+            declared = header(headers, b"content-length")
+            limit = state.limits.max_body_bytes
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise BadRequest(f"request body is over the proxy's {limit}-byte limit",
+                                 status=413)
+        except CaptureError as exc:
+            gate = cls(receive, send, state.limits, dialect, clock)
+            await gate.refuse(exc)
+            return None
+        return cls(receive, send, state.limits, dialect, clock)
+
+    async def receive(self) -> dict[str, Any]:
+        if self.done:  # the body is in: what is left to hear is a disconnect, with no deadline
+            return await self._receive()
+        if self.refused:
+            return {"type": "http.disconnect"}
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                message = await self._receive()
+        except TimeoutError:
+            await self.refuse(BadRequest("the request body was not received within the proxy's "
+                                         "read time (body_timeout_s)", status=408))
+            return {"type": "http.disconnect"}
+        if message["type"] == "http.request":
+            self.size += len(message.get("body", b""))
+            if self.size > self.limit:
+                await self.refuse(BadRequest(
+                    f"request body is over the proxy's {self.limit}-byte limit", status=413))
+                return {"type": "http.disconnect"}
+            self.done = not message.get("more_body", False)
+        return message
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.refused:  # the gate answered; the app's own answer, if any, is dropped
+            return
+        if message["type"] == "http.response.start":
+            self.started = True
+        elif not message.get("more_body", False) and self._clock is not None:
+            self._clock.response_done()
+        await self._send(message)
+
+    async def refuse(self, error: CaptureError) -> None:
+        """Answer `error` now, closing the connection, unless a response is already under way."""
+        if self.refused or self.started:
+            return
+        self.refused = True
+        response = error_response(error, self.dialect, close=True)
+        if self._clock is not None:
+            self._clock.response_done()
+        await response({"type": "http"}, self._receive, self._send)
+
+
+class UnknownRoute(CaptureError):
+    """An admin route asked for on the public listener of a proxy with an admin listener."""
+
+    status = 404
+
+
+# --- the connection: head time and size -----------------------------------------------------------
+def _plain(status: int, text: bytes) -> bytes:
     phrase = http.HTTPStatus(status).phrase.encode()
-    return b"".join((b"HTTP/1.1 %d %s\r\n" % (status, phrase), b"content-type: ", content_type,
-                     b"\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(data), data))
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%s" % (status, phrase, len(text), text))
 
 
-def refusal_bytes(status: int, body: dict[str, Any]) -> bytes:
-    """A whole HTTP/1.1 error response that closes the connection (sent before a body is read)."""
-    return _response(status, b"application/json", json.dumps(body).encode())
+_TIMEOUT = _plain(408, b"the request was not received in time (capture proxy header_timeout_s)")
+_TOO_LARGE = _plain(431, b"request head too large (capture proxy max_header_bytes)")
+
+# Open guarded connections by (server address, client address): how a request's `Gate` finds its
+# connection's clock (uvicorn puts both addresses in the scope, read the same way from the socket).
+_CONNECTIONS: dict[tuple[Any, Any], GuardedHTTP] = {}
 
 
-_TIMEOUT = _response(408, b"text/plain; charset=utf-8",
-                     b"the request was not received in time (capture proxy read timeout)")
-_TOO_LARGE = _response(431, b"text/plain; charset=utf-8",
-                       b"request head too large (capture proxy max_header_bytes)")
+def _address(info: Any) -> tuple[str, int] | None:
+    return (str(info[0]), int(info[1])) if isinstance(info, tuple) and len(info) >= 2 else None
 
 
-class ConnectionGuard:
-    """One connection's bounds: its head within `header_timeout_s` and `max_header_bytes`, then
-    its body within `body_timeout_s`. Past a time, the connection gets 408 (when no response of
-    its is under way) and is closed; past the size, 431. The protocol calls `opened` (connection
-    made), `head_started` (a request's first byte), `received` (after each read is parsed),
-    `head_done`, `body_done` and `stop` (connection lost)."""
+class GuardedHTTP(asyncio.Protocol):
+    """uvicorn's HTTP protocol (`inner`), with a head's read time and size kept in front of it.
 
-    __slots__ = ("_handle", "_head_bytes", "_in_head", "_limits", "_loop", "_protocol")
+    A head is due within `header_timeout_s` of the connection's opening, or of the first byte of
+    a later request on it (an idle keep-alive connection is uvicorn's `timeout_keep_alive`'s);
+    bytes received before a head is complete count towards `max_header_bytes`. A head ends at the
+    first CRLFCRLF; from there until `Gate` says the response is complete, bytes are the body's
+    (and `Gate` bounds them). Past the time: 408, past the size: 431, and the connection closes.
+    Made by `guarded_protocol(limits)`, which binds `limits` and the inner class."""
 
-    def __init__(self, protocol: Any, limits: Limits) -> None:
-        self._protocol, self._limits = protocol, limits
-        self._loop = asyncio.get_running_loop()
-        self._handle: asyncio.TimerHandle | None = None
-        self._in_head, self._head_bytes = False, 0
+    inner_class: type[asyncio.Protocol]
+    limits: Limits
 
-    def received(self, size: int) -> bool:
-        """`size` bytes were parsed; if a head is still incomplete after them they count towards
-        it, and past `max_header_bytes` the connection is answered 431 and closed (False). A read
-        in which a head completed is not counted, so a body sent with its head never is."""
-        if not self._in_head:
-            return True
-        self._head_bytes += size
-        if self._head_bytes <= self._limits.max_header_bytes:
-            return True
-        self.stop()
-        transport = self._protocol.transport
-        if not transport.is_closing():
-            if not self._protocol.responding():
-                transport.write(_TOO_LARGE)
-            transport.close()
-        return False
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._inner = self.inner_class(*args, **kwargs)
+        self._transport: asyncio.Transport | None = None
+        self._key: tuple[Any, Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_head = True  # waiting for a head (no request of this connection is being served)
+        self._head_bytes = 0
+        self._tail = b""  # the last bytes of the head so far: a CRLFCRLF may straddle two reads
 
-    def _arm(self, seconds: float) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._handle = self._loop.call_later(seconds, self._expired)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._key = (_address(transport.get_extra_info("sockname")),
+                     _address(transport.get_extra_info("peername")))
+        _CONNECTIONS[self._key] = self
+        self._arm()
+        self._inner.connection_made(transport)
 
-    def opened(self) -> None:
-        """A connection opened: its first head is due within the header time."""
-        self._arm(self._limits.header_timeout_s)
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            if data.find(b"\r\n\r\n") >= 0 or (self._tail + data[:3]).find(b"\r\n\r\n") >= 0:
+                self.request_started()  # the head is complete (a body in the same read is not
+                # counted against the head)
+            else:
+                self._head_bytes += len(data)
+                self._tail = data[-3:]
+                if self._timer is None:
+                    self._arm()  # a later request's first byte
+                if self._head_bytes > self.limits.max_header_bytes:
+                    self._refuse(_TOO_LARGE)
+                    return
+        self._inner.data_received(data)
 
-    def head_started(self) -> None:
-        """A request's first byte arrived (a new connection's deadline runs from its opening)."""
-        self._in_head, self._head_bytes = True, 0
-        if self._handle is None:
-            self._arm(self._limits.header_timeout_s)
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
 
-    def head_done(self) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._key is not None and _CONNECTIONS.get(self._key) is self:
+            del _CONNECTIONS[self._key]
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    # --- told by Gate -------------------------------------------------------------------------
+    def request_started(self) -> None:
+        """A head is complete (seen here, or its request reached `Gate`): no head time runs."""
         self._in_head = False
-        self._arm(self._limits.body_timeout_s)
+        self._head_bytes, self._tail = 0, b""
+        self._disarm()
 
-    def body_done(self) -> None:
-        self.stop()
+    def response_done(self) -> None:
+        """The request's response is complete: the next bytes are a new head's."""
+        self._in_head = True
+        self._head_bytes, self._tail = 0, b""
 
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+    # --- the clock -------------------------------------------------------------------------------
+    def _arm(self) -> None:
+        self._disarm()
+        self._timer = asyncio.get_running_loop().call_later(self.limits.header_timeout_s,
+                                                            self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _expired(self) -> None:
-        self._handle = None
-        transport = self._protocol.transport
-        if transport.is_closing():
-            return
-        if not self._protocol.responding():
-            transport.write(_TIMEOUT)
-        transport.close()
+        self._timer = None
+        if self._in_head:
+            self._refuse(_TIMEOUT)
+
+    def _refuse(self, answer: bytes) -> None:
+        self._disarm()
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(answer)
+            transport.close()
+
+
+def guarded_protocol(limits: Limits) -> type[GuardedHTTP]:
+    """A `GuardedHTTP` class for `uvicorn.Config(http=...)`, in front of the protocol uvicorn
+    serves with by default (`http="auto"`). Raises RuntimeError, saying so, if this uvicorn has no
+    such protocol where uvicorn's own default names it."""
+    try:
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    except ImportError as exc:
+        raise RuntimeError(
+            "capture.guard cannot find uvicorn's default HTTP protocol "
+            f"(uvicorn.protocols.http.auto.AutoHTTPProtocol): {exc}; the proxy cannot bound "
+            "header read times without it. Install a uvicorn that has it.") from exc
+    return type("GuardedHTTP", (GuardedHTTP,), {"inner_class": AutoHTTPProtocol,
+                                                "limits": limits})

@@ -80,11 +80,29 @@ class CallRecorder:
 
     # --- input ----------------------------------------------------------------------------
     def add_reply(self, reply: dict[str, Any], prompt: IdText | None = None) -> None:
-        """A whole reply; `prompt` is its prompt ids already cut out of the raw bytes (tokens)."""
+        """A whole reply; `prompt` is its prompt ids already cut out of the raw bytes (tokens).
+        Its tokens are read in result(), after the agent is answered."""
         self._prompt = prompt if prompt is not None else reply.get("prompt_token_ids")
+        self._whole = self._read(reply, "message")
+
+    def set_prompt(self, prompt: IdText) -> None:
+        """The streamed reply's prompt ids, cut out of its first event by the engine client."""
+        self._prompt = prompt
+
+    def add_chunk(self, chunk: dict[str, Any]) -> None:
+        """One streamed chunk: its tokens are read now (each chunk carries its delta's ids)."""
+        if self._prompt is None and chunk.get("prompt_token_ids") is not None:
+            self._prompt = chunk["prompt_token_ids"]
+        self._take_tokens(self._read(chunk, "delta"))
+
+    def _read(self, reply: dict[str, Any], part: str) -> dict[str, Any]:
+        """What a whole reply (`part` "message") and a chunk (`part` "delta") have alike: usage,
+        the first choice's text, reasoning and tool calls (whole, or pieces merged by index),
+        and its finish reason. Returns that choice."""
+        if isinstance(reply.get("usage"), dict):
+            self._usage = reply["usage"]
         choice = _first_choice(reply)
-        self._whole = choice  # its tokens are read in result(), after the agent is answered
-        message = choice.get("message")
+        message = choice.get(part)
         if isinstance(message, dict):
             if isinstance(message.get("content"), str):
                 self._content.append(message["content"])
@@ -94,40 +112,15 @@ class CallRecorder:
             calls = message.get("tool_calls")
             if isinstance(calls, list):
                 for i, call in enumerate(calls):
-                    if isinstance(call, dict):
+                    if not isinstance(call, dict):
+                        continue
+                    if part == "message":
                         self._tool_calls[i] = call
-        self._finish = choice.get("finish_reason") or self._finish
-        if isinstance(reply.get("usage"), dict):
-            self._usage = reply["usage"]
-
-    def set_prompt(self, prompt: IdText) -> None:
-        """The streamed reply's prompt ids, cut out of its first event by the engine client."""
-        self._prompt = prompt
-
-    def add_chunk(self, chunk: dict[str, Any]) -> None:
-        if self._prompt is None and chunk.get("prompt_token_ids") is not None:
-            self._prompt = chunk["prompt_token_ids"]
-        if isinstance(chunk.get("usage"), dict):
-            self._usage = chunk["usage"]
-        choices = chunk.get("choices")
-        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-            return
-        choice = choices[0]
-        self._take_tokens(choice)
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            if isinstance(delta.get("content"), str):
-                self._content.append(delta["content"])
-            reasoning = delta.get("reasoning") or delta.get("reasoning_content")
-            if isinstance(reasoning, str):
-                self._reasoning.append(reasoning)
-            calls = delta.get("tool_calls")
-            if isinstance(calls, list):
-                for call in calls:
-                    if isinstance(call, dict):
+                    else:
                         self._merge_tool_call(call)
         if choice.get("finish_reason"):
             self._finish = choice["finish_reason"]
+        return choice
 
     def _take_tokens(self, choice: dict[str, Any]) -> None:
         ids = choice.get("token_ids")

@@ -42,14 +42,13 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from .dialects.memo import common_prefix
 from .upstream import JSON_ERRORS, dumps, loads
 
 __all__ = ["EngineBodies", "RequestReader", "inserted_items"]
 
 # Conversations remembered per session, most recent first.
 KEEP = 3
-# Chunk size of the common-prefix search that is run when a conversation's list end is learnt.
-_CHUNK = 1 << 16
 # Whitespace an indenting serialiser puts between a list's last item and its `]`.
 _WHITE_MAX = 64
 
@@ -153,7 +152,7 @@ def _learn(seen: _Seen, raw: bytes, body: dict[str, Any]) -> tuple[str, int] | N
     """(key, where items are inserted in `raw`) if `raw` is `seen.raw` with items appended to that
     list. The insertion point is right after the list's last item (before whitespace and `]`)."""
     old = seen.raw
-    at = _common_prefix(old, raw)
+    at = common_prefix(old, raw)
     if at >= len(raw) or raw[at] != 44 or old[at:at + _WHITE_MAX].lstrip()[:1] != b"]":  # 44: ","
         return None
     tail = old[at:]
@@ -174,22 +173,6 @@ def _learn(seen: _Seen, raw: bytes, body: dict[str, Any]) -> tuple[str, int] | N
                 and all(body[k] == seen.body[k] for k in body if k != key)):
             return key, cut
     return None
-
-
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the longest common prefix of two byte strings (chunked compares, then bisect)."""
-    n = min(len(a), len(b))
-    lo = 0
-    while lo + _CHUNK <= n and a[lo:lo + _CHUNK] == b[lo:lo + _CHUNK]:
-        lo += _CHUNK
-    hi = min(lo + _CHUNK, n)
-    while lo < hi:  # invariant: a[:lo] == b[:lo], and a[:hi + 1] != b[:hi + 1] unless hi == n
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class EngineBodies:

@@ -18,9 +18,7 @@ On a non-loopback address (the HF Jobs launcher's 0.0.0.0) the admin routes are 
 they get their own listener on 127.0.0.1 (`admin_port`, 0 = any free one), served by the same
 server and event loop, and `admin_url` is where to reach them (on loopback, `admin_url == url`).
 `admin_on_public=True` serves them on the public address too (`False` gives them their own
-listener even on loopback). A public address is refused unless
-the server runs the protocol that keeps capture.guard's read times (httptools, a uvicorn the fast
-lane was read against): a public port without them would be open to slow-read peers.
+listener even on loopback). Every listener runs capture.guard's checks (`limits`).
 """
 
 from __future__ import annotations
@@ -104,10 +102,9 @@ class CaptureServer:
 
     def start(self, timeout_s: float = 30.0) -> CaptureServer:
         runner = ThreadedUvicorn(
-            self.app, self.host, self.port,
-            fast_lane=(self.app.fast_lane, self.limits.max_body_bytes), limits=self.limits,
+            self.app, self.host, self.port, limits=self.limits,
             also=("127.0.0.1", self.admin_port) if self.separate_admin else None)
-        self.port = runner.start(timeout_s, require_guard=not _is_loopback(self.host))
+        self.port = runner.start(timeout_s)
         self._runner = runner
         if self.separate_admin:
             self.admin_port = runner.also_port or 0

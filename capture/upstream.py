@@ -14,29 +14,43 @@ Logprob entries read `token_id:N` because the engine runs with --return-tokens-a
 lets the recorder check the id/logprob pairing at every position.
 
 Decisions:
-  * One pool of keep-alive connections for the whole proxy, on the proxy's own small HTTP/1.1
-    client (`engine_http.py`, httptools). Not httpx: measured here with a 31 KB request and a
-    7.5k-id reply, httpx's AsyncClient cost 4.8 ms of CPU per request at 1-8 concurrent and
-    12.7 ms at 64 (its pool scans every connection per request). Not aiohttp either, which cost
-    ~0.6 ms per call more than the httptools client (`engine_http.py` says where it went).
+  * One aiohttp ClientSession with one keep-alive connection pool for the whole proxy, made on the
+    serving loop at its first call and closed by the app's lifespan (`aclose`). aiohttp, a
+    maintained client, rather than a hand-written one: a library upgrade must not be able to break
+    the engine leg; the cost, ~0.5 ms of CPU per call against a bare httptools client on this
+    machine, is measured in bench/capture. Not httpx: measured here with a 31 KB request and a
+    7.5k-id reply, its AsyncClient cost 4.8 ms of CPU per request at 1-8 concurrent and 12.7 ms
+    at 64 (its pool scans every connection per request).
+  * Tuned for one plain engine: `keepalive_timeout` 4 s, under the 5 s after which vLLM's uvicorn
+    closes an idle connection (so a request is rarely written to a connection the engine is
+    closing; aiohttp does not resend a POST, and neither does this: a resend could re-sample);
+    no cookies, no environment proxies, URLs parsed once. `timeout_s` is the longest the engine
+    may stay silent while a reply is owed: a whole reply's total time (the engine sends nothing
+    before it is done), a stream's time before its head or between two pieces of it;
+    `connect_timeout_s` the longest a connection may take.
   * Streaming is passed through as it arrives: `batches()` yields each parsed chunk the moment
     its SSE event is complete; nothing waits for the whole reply (OpenEnv 0.10's proxy did, so its
     time to first byte equalled the generation time: 741 ms against 9 ms direct at 5 ms/token).
-  * Socket and timeout errors never leave this module: they become capture.errors.UpstreamError
-    subclasses.
+    A slow consumer pauses the socket (aiohttp's stream reader stops reading past its buffer
+    limit), so a slow agent never makes the proxy buffer a stream.
+  * Socket, protocol and timeout errors never leave this module: `_translate` maps them to
+    capture.errors.UpstreamError subclasses, in one place.
 
 What it does not do: retry. A retry would re-sample; the agent (or its SDK) decides whether to
-retry, and each attempt is then a recorded call of its own. (The one resend, in `engine_http.py`,
-is of a request the engine closed its keep-alive connection on without reading: nothing sampled.)
+retry, and each attempt is then a recorded call of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
 
-from .engine_http import EngineHTTP, EngineReply
+import aiohttp
+from yarl import URL
+
 from .errors import (
     EngineDisconnected,
     EngineHTTPError,
@@ -76,8 +90,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 class EngineClient:
     """Async client to one engine. `complete()` for whole replies, `open_stream()` for SSE.
 
-    One connection pool (`engine_http.EngineHTTP`), used from the proxy's event loop and closed by
-    the app's lifespan.
+    One aiohttp session (its connection pool), made on the proxy's event loop at first use and
+    closed by the app's lifespan (`aclose`).
     """
 
     def __init__(
@@ -90,20 +104,44 @@ class EngineClient:
     ) -> None:
         base = engine_url.rstrip("/")
         self.engine_url = base[:-3] if base.endswith("/v1") else base
+        parts = urlsplit(self.engine_url)
+        # Checked here, so a URL the client cannot speak fails at start-up, not at the first call.
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"engine URL {engine_url!r} must be http://host[:port][/prefix] or "
+                             "https://...")
         self.timeout_s = timeout_s
-        # read_timeout_s: the longest the engine may stay silent (whole reply, or next chunk).
-        # Made here so a URL it cannot speak fails at start-up; it binds to no loop until used.
-        self._pool = EngineHTTP.for_url(self.engine_url, connect_timeout_s=connect_timeout_s,
-                                        read_timeout_s=timeout_s, max_connections=max_connections)
+        # A whole reply: the engine is silent until it is done, so its silence is its total time,
+        # one timer per call. A stream: its head within `timeout_s`, then `EngineStream`'s own
+        # watchdog for the silence between two pieces (aiohttp's `sock_read` would move a timer
+        # on every read, ~10% of a streamed call's CPU here).
+        self._whole = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+        self._stream = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s)
+        self._max_connections = max_connections
+        # URL objects made once: aiohttp parses a str URL (and derives its Host) on every call
+        self._chat_url = URL(f"{self.engine_url}/v1/chat/completions")
+        self._models_url = URL(f"{self.engine_url}/v1/models")
+        self._http: aiohttp.ClientSession | None = None
         self._model: str | None = None
 
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=0, keepalive_timeout=4.0,
+                ttl_dns_cache=300)
+            self._http = aiohttp.ClientSession(
+                connector=connector, timeout=self._stream,
+                cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
+        return self._http
+
     async def aclose(self) -> None:
-        await self._pool.aclose()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     async def served_model(self) -> str:
         """The engine's served model name (asked once, then cached)."""
         if self._model is None:
-            reply = await self._request("GET", "/v1/models")
+            reply = _parse_object(await self._read("GET", self._models_url))
             try:
                 self._model = str(reply["data"][0]["id"])
             except (KeyError, IndexError, TypeError) as exc:
@@ -118,38 +156,46 @@ class EngineClient:
         `prompt_token_ids` is None and the ids come back as text, unparsed.
         """
         body = chat if isinstance(chat, bytes) else dumps(chat)
-        return await self._request("POST", "/v1/chat/completions", body, split=True)
+        return _parse_reply(await self.complete_raw(body))
 
-    async def _request(self, method: str, path: str, body: bytes | None = None,
-                       split: bool = False) -> Any:
+    async def complete_raw(self, body: bytes) -> bytes:
+        """A non-streaming chat completion's reply bytes, unparsed (the bench's bare relay)."""
+        return await self._read("POST", self._chat_url, body)
+
+    async def _read(self, method: str, url: URL, body: bytes | None = None) -> bytes:
+        """A whole reply's body; a non-200 status is an EngineHTTPError."""
         try:
-            response = await self._pool.request(method, path, body, whole=True)
-            content = await response.read()
-            status = response.status
-        except OSError as exc:  # TimeoutError and the connection errors are OSErrors
+            async with self._session().request(method, url, data=body, timeout=self._whole,
+                                               headers=_JSON if body else None) as response:
+                content = await response.read()
+                status = response.status
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _translate(exc, self.engine_url) from exc
         if status != 200:
             raise EngineHTTPError(status, _error_body(content))
-        reply, prompt = _parse_reply(content) if split else (_parse_object(content), None)
-        return (reply, prompt) if split else reply
+        return content
 
     async def open_stream(self, chat: dict[str, Any] | bytes) -> EngineStream:
         """Start a streaming chat completion (a dict, or its JSON already written); raises before
         any byte reaches the agent on error."""
         body = chat if isinstance(chat, bytes) else dumps(chat)
         try:
-            response = await self._pool.request("POST", "/v1/chat/completions", body)
-        except OSError as exc:  # TimeoutError and the connection errors are OSErrors
+            async with asyncio.timeout(self.timeout_s):
+                response = await self._session().post(self._chat_url, data=body, headers=_JSON)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _translate(exc, self.engine_url) from exc
         if response.status != 200:
             try:
                 content = await response.read()
-            except OSError:
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 content = b""
             finally:
                 response.release()
             raise EngineHTTPError(response.status, _error_body(content))
-        return EngineStream(response, self.engine_url)
+        return EngineStream(response, self.engine_url, self.timeout_s)
+
+
+_JSON = {"content-type": "application/json"}
 
 
 def _parse_object(content: bytes) -> dict[str, Any]:
@@ -174,22 +220,42 @@ def _parse_reply(content: bytes) -> tuple[dict[str, Any], IdText | None]:
     return reply, prompt
 
 
-def _translate(exc: Exception, engine_url: str) -> UpstreamError:
-    """Socket and timeout errors -> the capture tree (the one place they are mapped)."""
-    if isinstance(exc, TimeoutError):  # before OSError: TimeoutError is one
+def _translate(exc: BaseException, engine_url: str) -> UpstreamError:
+    """The client's errors -> the capture tree (the one place they are mapped)."""
+    if isinstance(exc, TimeoutError):  # aiohttp's read and connect timeouts are TimeoutErrors
         return EngineTimeout(f"engine at {engine_url} timed out ({exc!r})")
-    if isinstance(exc, ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
-        return EngineDisconnected(f"engine at {engine_url} dropped the connection: {exc!r}")
-    return EngineUnreachable(f"engine at {engine_url} unreachable: {exc!r}")
+    if isinstance(exc, aiohttp.ClientConnectorError):  # refused, unresolvable, TLS refused
+        return EngineUnreachable(f"engine at {engine_url} unreachable: {exc!r}")
+    # dropped mid-request, reset, a reply cut short or not HTTP at all
+    return EngineDisconnected(f"engine at {engine_url} dropped the connection: {exc!r}")
 
 
 class EngineStream:
     """One open SSE reply. Iterate `batches()`; always `aclose()` (the route does)."""
 
-    def __init__(self, response: EngineReply, engine_url: str) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, engine_url: str,
+                 timeout_s: float = 600.0) -> None:
         self._response = response
         self._engine_url = engine_url
         self.prompt: IdText | None = None  # from the first event, cut out before parsing
+        self._timeout_s = timeout_s
+        self._waiting_since: float | None = None  # loop time a read began, while one is waited on
+        self._silent = False
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    def _watch(self, task: asyncio.Task[Any]) -> None:
+        """The read timeout: one timer per stream that moves its own deadline. Only time spent
+        waiting on the engine counts (a consumer that is slow to ask is not the engine's
+        silence); past `timeout_s` of it the reading task is cancelled, and `batches` turns that
+        into EngineTimeout."""
+        loop = asyncio.get_running_loop()
+        since = self._waiting_since
+        if since is not None and loop.time() - since >= self._timeout_s:
+            self._silent = True
+            task.cancel()
+            return
+        deadline = (since if since is not None else loop.time()) + self._timeout_s
+        self._watchdog = loop.call_at(deadline, self._watch, task)
 
     async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
         """Parsed `chat.completion.chunk`s, as many as each network read completed; ends at `[DONE]`.
@@ -203,11 +269,19 @@ class EngineStream:
         arrived: vLLM's first chunk carries every prompt id on one line (~250 KB at 41k ids).
         """
         pending = b""
-        # Closed here, not left for Python to finalise whenever it collects the generator: that
-        # costs a task per stream, at a time nobody chose.
-        pieces = self._response.iter_any()
+        content = self._response.content
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting_since = None
+        self._watch(task)
         try:
-            async for raw in pieces:
+            while True:
+                self._waiting_since = loop.time()
+                raw = await content.readany()
+                self._waiting_since = None
+                if not raw:
+                    break
                 lines = (pending + raw).split(b"\n") if pending else raw.split(b"\n")
                 pending = lines.pop()
                 batch: list[dict[str, Any]] = []
@@ -230,21 +304,28 @@ class EngineStream:
                     batch.append(chunk)
                 if batch:
                     yield batch
-        except OSError as exc:  # TimeoutError and the connection errors are OSErrors
+        except asyncio.CancelledError:
+            if self._silent and task.uncancel() == 0:  # the watchdog's, no one else's
+                raise EngineTimeout(f"the engine at {self._engine_url} sent nothing for "
+                                    f"{self._timeout_s:g} s mid-stream") from None
+            raise
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             translated = _translate(exc, self._engine_url)
             if isinstance(translated, EngineUnreachable):  # broke after it started: a disconnect
                 translated = EngineDisconnected(f"engine stream broke: {exc!r}")
             raise translated from exc
         finally:
-            await pieces.aclose()
+            self._waiting_since = None
+            if self._watchdog is not None:
+                self._watchdog.cancel()
         raise EngineDisconnected("engine stream ended before [DONE]: the reply is incomplete")
 
     async def aclose(self) -> None:
         self.release()
 
     def release(self) -> None:
-        # Releasing a finished stream returns the connection to the pool; an unfinished one is
-        # closed (its remaining bytes are unknown).
+        # A finished stream's connection goes back to the pool; an unfinished one is closed (its
+        # remaining bytes are unknown, and closing it is how vLLM hears to stop generating).
         self._response.release()
 
 

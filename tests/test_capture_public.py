@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 
 import httpx
 import pytest
 
 from capture import CaptureClient, CaptureServer
-from capture import serving as serving_module
 from capture.agent_routes import _truncation
 from capture.guard import Limits
 
@@ -182,9 +182,9 @@ def test_on_loopback_admin_routes_share_the_one_listener(proxy):
     assert proxy.admin_url == proxy.url
 
 
-def test_a_public_address_is_refused_before_binding_without_the_guarded_protocol(fake,
-                                                                                  monkeypatch):
-    monkeypatch.setattr(serving_module, "fast_lane_protocol", lambda *a, **k: None)
+def test_a_proxy_that_cannot_run_the_guard_binds_nothing_and_says_why(fake, monkeypatch):
+    # uvicorn without the protocol capture.guard wraps (a None in sys.modules fails its import)
+    monkeypatch.setitem(sys.modules, "uvicorn.protocols.http.auto", None)
     server = CaptureServer(fake.url, host="0.0.0.0")
     with pytest.raises(RuntimeError, match="read times"):
         server.start()
@@ -282,3 +282,31 @@ def test_a_large_body_sent_with_its_head_in_one_write_is_served(client, proxy, f
         sock.sendall(head(info, "chat/completions", info.secret, len(body)) + body.encode())
         answer = sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+def test_a_later_head_on_a_kept_alive_connection_has_the_same_read_time(guarded):
+    proxy, _ = guarded
+    with connect(proxy.url) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        first = b""
+        while b'"ok"' not in first:
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n")  # and no end of head
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+
+
+def test_a_call_pipelined_with_the_next_request_is_answered_and_so_is_the_next(client, proxy):
+    info = client.create_session()
+    body = json.dumps({"model": "m", "messages": HI}).encode()
+    with connect(proxy.url) as sock:
+        sock.sendall(head(info, "chat/completions", info.secret, len(body)) + body
+                     + b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        got = b""
+        while b'"weight_version"' not in got:
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+    assert got.count(b"HTTP/1.1 200 ") == 2 and b'"choices"' in got
+    assert client.stats(info.session_id)["n_ok"] == 1

@@ -2,10 +2,10 @@
 
 It forwards each chat request's bytes to the engine unparsed and returns the engine's reply bytes
 unparsed: no JSON, no translation, no recording, no auth. It runs on what the proxy's model calls
-run on (uvicorn with `capture.fast_lane` serving its model-call route, a Starlette app for the
-rest, `capture.engine_http` out), so whatever latency it adds over
-calling the engine directly is the cost of one more HTTP hop through that stack on this machine,
-which the capture cannot go below; the benchmark prints it beside ours.
+run on (uvicorn behind capture.guard's `GuardedHTTP`, the route taken before Starlette's routing,
+aiohttp to the engine through the proxy's own tuned session, `capture.upstream`), so whatever
+latency it adds over calling the engine directly is the cost of one more HTTP hop through that
+stack on this machine, which the capture cannot go below; the benchmark prints it beside ours.
 
     .venv/bin/python bench/capture/relay.py --engine-url http://127.0.0.1:8400 --port 8500
 """
@@ -21,36 +21,33 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from capture.engine_http import EngineHTTP
+from capture.guard import Limits
 from capture.serving import ThreadedUvicorn, read_body
+from capture.upstream import EngineClient
 
 
 class Relay(Starlette):
-    """POST /s/{id}/v1/chat/completions is forwarded in the server's fast lane (or, reaching the
-    app, before Starlette's routing); /health is served by Starlette."""
+    """POST .../v1/chat/completions is forwarded before Starlette's routing; /health is served by
+    Starlette."""
 
     def __init__(self, engine_url: str) -> None:
         async def health(request: Request) -> Response:
             return Response(b"{}", media_type="application/json")
 
         super().__init__(routes=[Route("/health", health)])
-        self.engine = EngineHTTP.for_url(engine_url)
-
-    def fast_lane(self, path: str) -> Any:
-        return self.forward if path.endswith("/v1/chat/completions") else None
+        self.engine = EngineClient(engine_url)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not self.fast_lane(scope["path"]):
+        if (scope["type"] != "http" or scope["method"] != "POST"
+                or not scope["path"].endswith("/v1/chat/completions")):
             await super().__call__(scope, receive, send)
             return
-        await self.forward(scope, receive, send)
-
-    async def forward(self, scope: Any, receive: Any, send: Any) -> None:
         body = await read_body(receive)
-        reply = await self.engine.request("POST", "/v1/chat/completions", body, whole=True)
-        content = await reply.read()
-        response = Response(content, status_code=reply.status, media_type="application/json")
-        await response(scope, receive, send)
+        content = await self.engine.complete_raw(body)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", b"%d" % len(content))]})
+        await send({"type": "http.response.body", "body": content})
 
 
 def main() -> None:
@@ -58,8 +55,7 @@ def main() -> None:
     parser.add_argument("--engine-url", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    relay = Relay(args.engine_url.rstrip("/"))
-    ThreadedUvicorn(relay, port=args.port, fast_lane=(relay.fast_lane, 32 << 20)).start()
+    ThreadedUvicorn(Relay(args.engine_url.rstrip("/")), port=args.port, limits=Limits()).start()
     while True:
         time.sleep(3600)
 

@@ -27,11 +27,11 @@ title call, Claude Code's subagents and probes, each would otherwise evict the m
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any
 
-__all__ = ["TranslationMemo", "translate_items"]
+__all__ = ["TranslationMemo", "common_prefix", "translate_items"]
 
 # Conversations remembered per kind of item (main thread, subagents, side calls).
 KEEP = 4
@@ -56,7 +56,7 @@ class TranslationMemo:
         runs = self._runs.setdefault(kind, [])
         best, reused = -1, 0
         for n, (source, _) in enumerate(runs):
-            k = _common_prefix(source, items)
+            k = common_prefix(source, items)
             if k > reused:
                 best, reused = n, k
         done = runs[best][1][:reused] if best >= 0 else []
@@ -80,15 +80,27 @@ class TranslationMemo:
         return result
 
 
-def _common_prefix(old: list[Any], new: list[Any]) -> int:
-    """How many leading items of `new` equal `old`'s. The whole-prefix case is one C compare."""
-    n = min(len(old), len(new))
-    if old[:n] == new[:n]:
+_CHUNK = 1 << 16
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items (or bytes) of `a` and `b` are equal. The common case, one a prefix
+    of the other, is one C compare; otherwise chunked compares, then bisection to the first
+    difference. For lists of messages (here) and for request bytes (capture.resent)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
         return n
-    k = 0
-    while k < n and old[k] == new[k]:
-        k += 1
-    return k
+    lo = 0
+    while lo + _CHUNK <= n and a[lo:lo + _CHUNK] == b[lo:lo + _CHUNK]:
+        lo += _CHUNK
+    hi = min(lo + _CHUNK, n)
+    while lo < hi:  # invariant: a[:lo] == b[:lo], and a[:hi + 1] != b[:hi + 1] unless hi == n
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def translate_items(memo: TranslationMemo | None, kind: str, items: list[Any],
