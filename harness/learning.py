@@ -5,15 +5,18 @@ lands still runs to the end and prints a loss. What tells them apart is the held
 before and after training, and the same run with shuffled rewards (`--shuffle-rewards`, the
 control) as its falsification check. This module holds the logic; `harness.train` calls it.
 
-    learning = BeforeAfter(settings, stack, run_dir, console)  # inside the run's RunStack
+    learning = BeforeAfter(settings, make_factory, run_dir, console)  # inside the RunStack
     learning.before()        # --eval-tasks at the engine's initial weights
     ...train...              # the weight sync pushes every step's weights into the same engine
     learning.after()         # the same tasks and seeds; prints the table, writes before_after.json
     learning.curve(history)  # every run: reward_curve.json + reward_curve.png
 
-The evaluation samples as the trainer does (T as trained, top_p 1, no top_k), the same agent,
-sandbox, caps and seeds before and after, and writes its rollouts under <run>/eval-before and
-<run>/eval-after, apart from the training rollouts. A pass is env_reward >= 1 (harness.eval);
+`make_factory(split, sampling)` makes the session factory the evaluation runs on: in
+`harness.train` a RemoteSessionFactory on the run's rollout services (the same services, proxy
+and engine as training, so "after" samples the pushed weights), anything with `rollout()`
+otherwise. The evaluation samples as the trainer does (T as trained, top_p 1, no top_k), the same
+agent, sandbox, caps and seeds before and after, and writes its rollouts under <run>/eval-before
+and <run>/eval-after, apart from the training rollouts. A pass is env_reward >= 1 (harness.eval);
 unscored rollouts are counted apart, never as fails.
 
 `write_reward_curve()` writes <run>/reward_curve.json (per step: reward mean, verifier reward
@@ -37,17 +40,22 @@ from rich.table import Table
 from harness.eval import PASS_THRESHOLD, pass_rate_table
 from harness.run_config import RunSettings
 
-__all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "evaluate_split",
-           "reward_curve", "write_png_plot", "write_reward_curve"]
+__all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "eval_task_problems",
+           "evaluate_split", "reward_curve", "write_png_plot", "write_reward_curve"]
 
 
 class BeforeAfter:
     """The before/after evaluation and reward curve around one training run (harness.train)."""
 
-    def __init__(self, settings: RunSettings, stack: Any, run_dir: Path, console: Any) -> None:
-        self.settings, self.stack, self.run_dir, self.console = settings, stack, run_dir, console
-        self.tasks: list = []
-        if settings.eval_tasks is not None:
+    def __init__(self, settings: RunSettings, make_factory: Any, run_dir: Path,
+                 console: Any, *, eval_tasks: list | None = None) -> None:
+        """`eval_tasks`: the --eval-tasks split as loaded where rollouts run (harness.train asks
+        its rollout service for the names: its process does not import harbor); None loads it
+        here."""
+        self.settings, self.make_factory = settings, make_factory
+        self.run_dir, self.console = run_dir, console
+        self.tasks: list = list(eval_tasks or [])
+        if settings.eval_tasks is not None and eval_tasks is None:
             from harness.tasks import load_tasks
 
             self.tasks = load_tasks(settings.eval_tasks)
@@ -58,8 +66,9 @@ class BeforeAfter:
             return
         n = len(self.tasks) * self.settings.eval_rollouts_per_task
         self.console.print(f"[bold]eval {label}[/] {n} rollouts on {self.settings.eval_tasks}")
-        self.summaries[label] = summary = evaluate_split(self.stack, self.settings, self.tasks,
-                                                         self.run_dir, label)
+        self.summaries[label] = summary = evaluate_split(
+            self.make_factory, self.settings, self.tasks, self.run_dir, label,
+            split=self.settings.eval_tasks)
         self.console.print(f"[bold]eval {label}[/] pass rate {_pct(_rate(summary))} "
                            f"({summary['passed']}/{summary['scored']} scored)")
 
@@ -94,13 +103,20 @@ def before_after_problems(settings: RunSettings) -> list[str]:
                         "model; drop --no-weight-sync or --eval-tasks")
     if settings.eval_rollouts_per_task < 1:
         problems.append(f"--eval-rollouts-per-task {settings.eval_rollouts_per_task}: use >= 1")
+    return problems
+
+
+def eval_task_problems(settings: RunSettings) -> list[str]:
+    """--eval-tasks loads here (it needs harbor: run where rollouts run, see harness.preflight)."""
+    if settings.eval_tasks is None:
+        return []
     from harness.tasks import load_tasks
 
     try:
         load_tasks(settings.eval_tasks)
     except Exception as exc:  # every loader error names its fix
-        problems.append(f"--eval-tasks {settings.eval_tasks!r}: {exc}")
-    return problems
+        return [f"--eval-tasks {settings.eval_tasks!r}: {exc}"]
+    return []
 
 
 async def _gather(factory: Any, n_tasks: int, per_task: int) -> None:
@@ -110,14 +126,15 @@ async def _gather(factory: Any, n_tasks: int, per_task: int) -> None:
                            for r in range(per_task) for t in range(n_tasks)))
 
 
-def evaluate_split(stack: Any, settings: RunSettings, tasks: list, run_dir: Path,
-                   label: str) -> dict:
-    """Run --eval-rollouts-per-task rollouts of every task through `stack`; the pass-rate summary.
+def evaluate_split(make_factory: Any, settings: RunSettings, tasks: list, run_dir: Path,
+                   label: str, *, split: Any = None) -> dict:
+    """Run --eval-rollouts-per-task rollouts of every task; the pass-rate summary.
 
-    `stack` is the run's RunStack (engine + capture proxy); the engine serves whatever weights
-    it holds now, so call it before the first step and after the last push.
+    `make_factory(split, sampling)` makes the session factory (see the module docstring), given
+    `split` (default: `tasks` itself; harness.train passes the --eval-tasks spec, which the
+    service loads in the same order) and the trainer's sampling policy. Its engine serves
+    whatever weights it holds now, so call it before the first step and after the last push.
     """
-    from harness.factory import HarborSessionFactory
     from harness.run_records import RecordingFactory
 
     # The trainer's policy (AsyncGRPOConfig.sampling), as harness.eval writes it: harness/ does
@@ -125,15 +142,17 @@ def evaluate_split(stack: Any, settings: RunSettings, tasks: list, run_dir: Path
     sampling = {"temperature": settings.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                 "max_tokens": settings.max_tokens}
     out = run_dir / f"eval-{label}"
-    factory = RecordingFactory(HarborSessionFactory(
-        stack.proxy.admin_url, admin_key=stack.proxy.admin_key, split=tasks,
-        harness=settings.harness, sandbox=settings.sandbox, llm_url=stack.engine_url,
-        model=settings.served_model_name, sampling=sampling,
-        max_concurrent_rollouts=settings.max_concurrent_rollouts,
-        agent_timeout_s=settings.agent_timeout_s, max_steps=settings.max_agent_steps,
-        reward_key=settings.reward_key), out)
+    factory = RecordingFactory(make_factory(tasks if split is None else split, sampling), out)
+
+    async def run() -> None:
+        try:
+            await _gather(factory, len(tasks), settings.eval_rollouts_per_task)
+        finally:
+            if hasattr(factory.factory, "aclose"):  # its HTTP clients live on this loop
+                await factory.factory.aclose()
+
     try:
-        asyncio.run(_gather(factory, len(tasks), settings.eval_rollouts_per_task))
+        asyncio.run(run())
     finally:
         factory.close()
     _, summary = pass_rate_table(factory.records)

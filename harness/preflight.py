@@ -1,5 +1,9 @@
 """Check a run's settings before any process starts, and report every problem at once.
 
+`python -m harness.preflight` (settings as JSON on stdin) prints the rollout side's problems:
+harness.train runs it with the rollout service's interpreter, since the trainer's process must
+not import harbor, through which tasks load.
+
 `harness.train` and `harness.eval` call `preflight()` first: each check is cheap (imports, a file
 lookup, one HTTP GET) next to starting vLLM (~25-40 s on CPU) and building sandboxes, and a list
 of every problem beats fixing them one restart at a time (torchtune's ConfigError, STYLE.md).
@@ -58,6 +62,60 @@ def _check_engine(settings: RunSettings) -> list[str]:
     return []
 
 
+def _check_rollout_services(settings: RunSettings) -> list[str]:
+    """--rollout-service: an --engine-url, a key, and each service answering with that key."""
+    from harness.remote import KEY_ENV
+    from harness.stack import service_key
+
+    urls = settings.rollout_service_urls()
+    problems = []
+    if not settings.engine_url:
+        problems.append("--rollout-service without --engine-url: the services proxy the engine "
+                        "they were started with (harness.serve --engine-url); start it first "
+                        "(python -m launchers.engine) and pass the same URL as --engine-url")
+    try:
+        key = service_key(settings)
+    except OSError as exc:
+        return [*problems, f"--rollout-service-key-file {settings.rollout_service_key_file}: "
+                f"{exc}; give the file python -m harness.serve's key was read from"]
+    if not key:
+        return [*problems, f"--rollout-service: the services' key is missing; export {KEY_ENV} "
+                "or pass --rollout-service-key-file FILE (python -m harness.serve prints it)"]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            problems.append(f"--rollout-service {url!r}: not an http(s) URL")
+            continue
+        try:
+            reply = httpx.get(url.rstrip("/") + "/metrics", timeout=5,
+                              headers={"Authorization": f"Bearer {key}"})
+        except httpx.HTTPError as exc:
+            problems.append(f"--rollout-service {url}: not answering ({exc}); start it "
+                            "(python -m harness.serve --engine-url ...) or drop it from the list")
+            continue
+        if reply.status_code == 401:
+            problems.append(f"--rollout-service {url}: the key was refused; give the key that "
+                            f"service was started with ({KEY_ENV} or --rollout-service-key-file)")
+        elif reply.status_code != 200 or "max_sessions" not in reply.text:
+            problems.append(f"--rollout-service {url}: not a rollout service (GET /metrics: "
+                            f"HTTP {reply.status_code})")
+    if problems:
+        return problems
+    from harness.remote import ServicePool
+
+    pool = ServicePool(urls, key)
+    try:
+        for flag, split, count in (("--tasks", settings.tasks, settings.task_count),
+                                   ("--eval-tasks", settings.eval_tasks, None)):
+            if split is None:
+                continue
+            for url, answer in pool.tasks(split, count).items():
+                if isinstance(answer, str):
+                    problems.append(f"{flag} {split!r} on the rollout service {url}: {answer}")
+    finally:
+        pool.close()
+    return problems
+
+
 def _check_model(settings: RunSettings) -> list[str]:
     if settings.model is None:
         return []
@@ -95,17 +153,66 @@ def _check_resume(settings: RunSettings) -> list[str]:
     return []
 
 
+def rollout_problems(settings: RunSettings, *, train: bool) -> list[str]:
+    """The checks that need harbor: tasks load through Harbor's Task, sandboxes are its
+    environments. Run where rollouts run (in-process for harness.eval; in the rollout service's
+    interpreter for harness.train, whose process must not import harbor)."""
+    problems = _check_tasks(settings) + _check_sandbox(settings)
+    if train:
+        from harness.learning import eval_task_problems
+
+        problems += eval_task_problems(settings)
+    return problems
+
+
+class _RolloutCheck:
+    """`rollout_problems` in a child process of the service's interpreter, started first so it
+    runs while this process checks the rest (the trainer's config imports torch)."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        import dataclasses
+        import json
+        import subprocess
+
+        from harness.stack import service_python
+        from launchers.paths import REPO_ROOT
+
+        self.process = subprocess.Popen(
+            [service_python(), "-m", "harness.preflight"], cwd=REPO_ROOT, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.payload = json.dumps(dataclasses.asdict(settings))
+
+    def problems(self) -> list[str]:
+        import json
+
+        out, err = self.process.communicate(self.payload, timeout=300)
+        if self.process.returncode != 0:
+            return [f"checking the tasks and the sandbox failed (python -m harness.preflight "
+                    f"exited {self.process.returncode}): {err.strip()[-2000:]}"]
+        return list(json.loads(out.strip().splitlines()[-1]))
+
+
 def preflight(settings: RunSettings, *, train: bool) -> list[str]:
-    """Every problem with `settings`, each naming the flag and the fix; [] when the run can start."""
+    """Every problem with `settings`, each naming the flag and the fix; [] when the run can start.
+
+    harness.train (train=True) checks the rollout side where it runs: a --rollout-service is
+    asked (it answers, takes the key, loads --tasks and --eval-tasks), else the local service's
+    interpreter checks tasks and sandbox in a child process (rollout_problems).
+    """
     problems: list[str] = []
+    remote = train and bool(settings.rollout_service_urls())
+    child = _RolloutCheck(settings) if train and not remote else None
     if settings.harness not in HARNESSES:
         problems.append(f"--harness {settings.harness!r}: choose one of {', '.join(HARNESSES)}")
     if settings.weight_sync and settings.engine_url and train:
         # A running engine was started by someone else; it must expose the weight-transfer routes.
         problems += _check_weight_transfer_routes(settings.engine_url)
     problems += _check_model(settings)
-    problems += _check_tasks(settings)
-    problems += _check_sandbox(settings)
+    if remote:
+        # The services load the tasks, run the sandboxes and expose their own proxies.
+        problems += _check_rollout_services(settings)
+    elif not train:
+        problems += rollout_problems(settings, train=False)
     problems += _check_engine(settings)
     if train:
         problems += _check_rewards(settings)
@@ -116,6 +223,8 @@ def preflight(settings: RunSettings, *, train: bool) -> list[str]:
         problems += before_after_problems(settings)
     if settings.max_concurrent_rollouts < 1:
         problems.append("--max-concurrent-rollouts must be >= 1")
+    if child is not None:
+        problems += child.problems()
     return problems
 
 
@@ -142,3 +251,20 @@ def _check_weight_transfer_routes(engine_url: str) -> list[str]:
                 "with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"nccl\"}' "
                 "(GPU) or '{\"backend\": \"harness_gloo\"}' (CPU), or pass --no-weight-sync"]
     return []
+
+
+def _main() -> int:
+    """`python -m harness.preflight` < settings JSON: print rollout_problems as one JSON line."""
+    import json
+    import sys
+
+    from harness.run_config import quiet_harbor
+
+    quiet_harbor()
+    settings = RunSettings(**json.loads(sys.stdin.read()))
+    print(json.dumps(rollout_problems(settings, train=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -272,13 +272,35 @@ class ServicePool:
     def metrics(self) -> dict[str, Any]:
         return {s.url: {"in_flight": s.in_flight, "lost": s.lost} for s in self.services}
 
+    def tasks(self, split: Any, task_count: int | None = None) -> dict[str, list[str] | str]:
+        """Each service's task names for `split` (seed order), or why it cannot load it."""
+        answers: dict[str, list[str] | str] = {}
+        for s in self.services:
+            try:
+                # A registry or hub split may download on first load: a long read timeout.
+                r = self._sync.post(f"{s.url}/v1/tasks",
+                                    json={"split": split, "task_count": task_count},
+                                    timeout=httpx.Timeout(900.0, connect=5.0))
+            except httpx.HTTPError as exc:
+                answers[s.url] = f"not answering ({type(exc).__name__}: {exc})"
+                continue
+            if r.status_code == 200:
+                answers[s.url] = list(r.json()["tasks"])
+            else:
+                answers[s.url] = str(_error_of(r).get("message") or f"HTTP {r.status_code}")
+        return answers
+
     def close(self) -> None:
         self._sync.close()
 
-    async def aclose(self) -> None:
+    async def aclose_loop(self) -> None:
+        """Close the async client of the running event loop (each loop has its own)."""
         entry = self._async.pop(id(asyncio.get_running_loop()), None)
         if entry is not None:
             await entry[1].aclose()
+
+    async def aclose(self) -> None:
+        await self.aclose_loop()
         self.close()
 
 
@@ -314,6 +336,9 @@ class RemoteSessionFactory:
                              "callable cannot travel to another process")
         if split is not None and not isinstance(split, str):
             split = [str(getattr(t, "task_dir", getattr(t, "path", t))) for t in split]
+        # A pool passed in is shared (one per trainer: its weight version, its view of the
+        # services' load); the factory closes only a pool it made itself.
+        self._owns_pool = pool is None
         self.pool = pool or ServicePool(urls, key, connect_timeout_s=connect_timeout_s)
         self.options = {
             "split": split, "task_count": task_count, "harness": harness, "sandbox": sandbox,
@@ -495,10 +520,14 @@ class RemoteSessionFactory:
                 "rollouts/retries": self.retries, "rollouts/lost_with_service": self.lost}
 
     def close(self) -> None:
-        self.pool.close()
+        if self._owns_pool:
+            self.pool.close()
 
     async def aclose(self) -> None:
-        await self.pool.aclose()
+        """Close this event loop's HTTP client (and the pool, when this factory made it)."""
+        await self.pool.aclose_loop()
+        if self._owns_pool:
+            self.pool.close()
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()

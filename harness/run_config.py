@@ -15,6 +15,7 @@ What is checked up front (the torchtune "Raises:" list, STYLE.md section 2):
   - --reward-fn / --reward-funcs import and are callable
   - a remote --sandbox has a way to reach the proxy (--proxy-public-url or --proxy-tunnel)
   - --resume has a checkpoint to resume from
+  - --rollout-service: each service answers, the key is accepted, --engine-url is given
   - the trainer's own config (AsyncGRPOConfig.validate) for train runs
 """
 
@@ -37,7 +38,8 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "qui
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 TRAIN_ONLY = frozenset({"groups_per_step", "steps", "learning_rate", "resume", "weight_sync",
                         "reward_fn", "reward_funcs", "report_to", "shuffle_rewards",
-                        "eval_tasks", "eval_rollouts_per_task"})
+                        "eval_tasks", "eval_rollouts_per_task", "rollout_service",
+                        "rollout_service_key_file"})
 
 
 class SettingsError(ValueError):
@@ -85,6 +87,13 @@ class RunSettings:
     shuffle_rewards: bool = False  # the control: rewards permuted within each group
     eval_tasks: str | None = None  # held-out tasks evaluated before and after training
     eval_rollouts_per_task: int = 4
+    # Running `python -m harness.serve` services (URL[,URL...]); None: start one here.
+    rollout_service: str | None = None
+    rollout_service_key_file: str | None = None  # else $HARNESS_SERVICE_KEY
+
+    def rollout_service_urls(self) -> list[str]:
+        """--rollout-service as a list of URLs ([] when a local service is started)."""
+        return [u.strip() for u in (self.rollout_service or "").split(",") if u.strip()]
 
     def trainer_config(self):  # -> AsyncGRPOConfig, imported lazily (torch)
         from trainer.config import AsyncGRPOConfig
@@ -168,6 +177,11 @@ def _help(name: str) -> str:
         "eval_tasks": "tasks (same forms as --tasks) evaluated before and after training, with a "
                       "before/after pass-rate table (e.g. family:heldout)",
         "eval_rollouts_per_task": "rollouts per --eval-tasks task, before and after",
+        "rollout_service": "running rollout services (python -m harness.serve) to use, as "
+                           "URL[,URL...], instead of the one this command starts; give "
+                           "--engine-url too: the engine the services were started with",
+        "rollout_service_key_file": "a file holding the services' key (else "
+                                    "$HARNESS_SERVICE_KEY)",
     }[name]
 
 

@@ -7,8 +7,17 @@ sandboxes, agents, the capture proxy, the verifier) through the one implementati
 `HarborSessionFactory`; the trainer reaches it with `harness.remote.RemoteSessionFactory`.
 
     python -m harness.serve --engine-url http://127.0.0.1:8000 [--tasks bundled] [--port 8200]
+        [--sandbox e2b --proxy-host 0.0.0.0 --proxy-port 8100 --proxy-public-url URL]
     -> prints one JSON line {"url": ..., "key": ...}; every route but /health wants
        "Authorization: Bearer <key>" (the key: --key-file, $HARNESS_SERVICE_KEY, or made up)
+
+Where it runs: from the project venv (.venv: harbor, openenv), never in the trainer's process.
+`python -m harness.train` starts one itself (`spawn_service`, pointed at the engine it launched,
+sharing the run's cache, its proxy's per-call log under <output-dir>/capture) unless given
+--rollout-service URL[,URL...]; launchers/hf_jobs.py starts one beside the GPU trainer (which
+runs from .trainer-venv); on other hosts, start as many as the sandboxes need and list them all.
+For remote sandboxes (--sandbox other than local) the proxy is exposed at --proxy-public-url or
+through --proxy-tunnel, as harness.train did for its in-process proxy.
 
 Routes (JSON). A body's `factory` is the client's factory options (split, harness, sandbox,
 model, sampling, max_tokens, limits); the service keeps one HarborSessionFactory per distinct set.
@@ -16,6 +25,8 @@ model, sampling, max_tokens, limits); the service keeps one HarborSessionFactory
     GET    /health                      {"ok", "in_flight", "max_sessions"}
     GET    /metrics                     rollouts by cause, retries, admitted, rejected, timings
     POST   /v1/weight_version           {"version"}: the engine's weights changed (every proxy)
+    POST   /v1/tasks                    {split, task_count} -> {"tasks": names, in seed order}
+                                        | 400 naming the fix (a client's settings check)
     POST   /v1/rollouts                 {factory, task, seed, episode_id, weight_version}
                                         -> 202 {"id"} | 429
     GET    /v1/rollouts/{id}?wait_s=N   long poll -> {"done": false} | {"done": true, "result"}
@@ -133,7 +144,9 @@ class RolloutService:
     def __init__(self, engine_url: str, *, key: str, tasks: str = "bundled",
                  task_count: int | None = None, max_sessions: int = 8,
                  data_dir: Path | None = None, result_ttl_s: float = 3600.0,
-                 defaults: dict[str, Any] | None = None) -> None:
+                 defaults: dict[str, Any] | None = None, proxy_host: str = "127.0.0.1",
+                 proxy_port: int = 0, proxy_public_url: str | None = None,
+                 proxy_tunnel: str | None = None, sandbox: str = "local") -> None:
         if max_sessions < 1:
             raise ValueError(f"--max-sessions must be >= 1 (got {max_sessions})")
         self.engine_url = engine_url.rstrip("/")
@@ -144,7 +157,12 @@ class RolloutService:
         self.data_dir = data_dir
         self.result_ttl_s = result_ttl_s
         self.defaults = dict(defaults or {})
+        self.proxy_options = {"host": proxy_host, "port": proxy_port,
+                              "public_url": proxy_public_url}
+        self.proxy_tunnel = proxy_tunnel
+        self.sandbox = sandbox  # the sandboxes the proxy is exposed to (remote: public URL)
         self.proxy: Any = None  # CaptureServer, started in start()
+        self.exposure: Any = None  # harness.sandboxes.expose.ProxyExposure, for remote sandboxes
         self.factories: dict[str, Any] = {}
         self.rollouts: dict[str, _Job] = {}
         self.sessions: dict[str, _OpenSession] = {}
@@ -162,8 +180,22 @@ class RolloutService:
         from capture.server import CaptureServer
 
         self.proxy = CaptureServer(
-            self.engine_url, data_dir=None if self.data_dir is None else self.data_dir / "capture")
+            self.engine_url, data_dir=None if self.data_dir is None else self.data_dir / "capture",
+            **self.proxy_options)
         self.proxy.start()
+        if self.sandbox != "local":
+            from harness.sandboxes.expose import expose_proxy
+
+            try:
+                self.exposure = expose_proxy(
+                    self.proxy.url, sandbox=self.sandbox,
+                    public_url=self.proxy_options["public_url"], tunnel_command=self.proxy_tunnel)
+            except BaseException:
+                self.proxy.stop()
+                raise
+            # Session base URLs handed to agents must be the public ones (a tunnel's is only
+            # known once it is up).
+            self.proxy.state.public_url = self.exposure.public_url
 
     async def stop(self) -> None:
         for job in list(self.rollouts.values()):
@@ -174,6 +206,8 @@ class RolloutService:
         for factory in self.factories.values():
             with contextlib.suppress(Exception):
                 await factory.aclose()
+        if self.exposure is not None:
+            self.exposure.close()
         if self.proxy is not None:
             self.proxy.stop()
 
@@ -359,6 +393,20 @@ def _wait_s(value: Any) -> float:
         raise BadRequest(f"wait_s must be a number of seconds, not {value!r}") from None
 
 
+async def list_tasks(request: Request, s: RolloutService, body: dict) -> Response:
+    """The tasks a split spec loads to here, in the order seeds pick them (seed k: k % n)."""
+    from harness.tasks import load_tasks
+
+    split, count = body.get("split") or s.tasks, body.get("task_count")
+    try:
+        tasks = await asyncio.to_thread(load_tasks, split, count=count)
+    except Exception as exc:  # every loader error names its fix
+        raise BadRequest(f"tasks {split!r}: {exc}") from exc
+    if not tasks:
+        raise BadRequest(f"tasks {split!r}: no tasks found")
+    return JSONResponse({"split": split, "tasks": [t.full_name or t.name for t in tasks]})
+
+
 async def create_rollout(request: Request, s: RolloutService, body: dict) -> Response:
     busy = s.admit()
     if busy is not None:
@@ -467,6 +515,7 @@ def create_app(service: RolloutService) -> Starlette:
         Route("/health", health),
         Route("/metrics", _route(metrics)),
         Route("/v1/weight_version", _route(weight_version), methods=["POST"]),
+        Route("/v1/tasks", _route(list_tasks), methods=["POST"]),
         Route("/v1/rollouts", _route(create_rollout), methods=["POST"]),
         Route("/v1/rollouts/{rid}", _route(get_rollout), methods=["GET"]),
         Route("/v1/rollouts/{rid}", _route(delete_rollout), methods=["DELETE"]),
@@ -532,9 +581,16 @@ class LocalService:
 
 def spawn_service(engine_url: str, workdir: Path, *, key: str | None = None,
                   tasks: str = "bundled", task_count: int | None = None, max_sessions: int = 8,
-                  timeout_s: float = 120.0) -> LocalService:
-    """Start a rollout service with its own cache, data and temp dirs under `workdir`; wait
-    until it serves (its ready file), or raise with its log's tail."""
+                  timeout_s: float = 120.0, own_cache: bool = True,
+                  data_dir: Path | None = None, python: str | Path | None = None,
+                  extra_args: list[str] | None = None) -> LocalService:
+    """Start a rollout service with its temp dir (and, by default, its own cache and data)
+    under `workdir`; wait until it serves (its ready file), or raise with its log's tail.
+
+    `own_cache=False` shares this process's $HARNESS_CACHE (`harness.train`'s local service:
+    its sandboxes' cached environments are the ones a run always used); `data_dir` is where the
+    capture proxy's per-call log goes (<data_dir>/capture); `python` the interpreter with
+    harbor and openenv (default: this one); `extra_args` more `harness.serve` flags."""
     import subprocess
 
     from launchers.paths import REPO_ROOT
@@ -544,15 +600,17 @@ def spawn_service(engine_url: str, workdir: Path, *, key: str | None = None,
     ready, log_path = workdir / "ready.json", workdir / "service.log"
     ready.unlink(missing_ok=True)
     key = key or secrets.token_urlsafe(32)
-    env = {**os.environ, KEY_ENV: key, "HARNESS_CACHE": str(workdir / "cache"),
-           "TMPDIR": str(workdir / "tmp"),
+    env = {**os.environ, KEY_ENV: key, "TMPDIR": str(workdir / "tmp"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                        os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "harness.serve", "--engine-url", engine_url,
+    if own_cache:
+        env["HARNESS_CACHE"] = str(workdir / "cache")
+    command = [str(python or sys.executable), "-m", "harness.serve", "--engine-url", engine_url,
                "--tasks", tasks, "--port", "0", "--max-sessions", str(max_sessions),
-               "--data-dir", str(workdir / "data"), "--ready-file", str(ready)]
+               "--data-dir", str(data_dir or workdir / "data"), "--ready-file", str(ready)]
     if task_count is not None:
         command += ["--task-count", str(task_count)]
+    command += list(extra_args or [])
     with log_path.open("w") as log_file:
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log_file,
                                    stderr=subprocess.STDOUT, start_new_session=True)
@@ -597,6 +655,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="the capture proxy's per-call log lives here")
     p.add_argument("--ready-file", default=None, help="write {url, key} here once serving")
     p.add_argument("--result-ttl-s", type=float, default=3600.0)
+    p.add_argument("--sandbox", default="local",
+                   help="the sandboxes the capture proxy is exposed to (a remote one needs "
+                        "--proxy-public-url or --proxy-tunnel)")
+    p.add_argument("--proxy-host", default="127.0.0.1",
+                   help="the capture proxy's agent address (0.0.0.0 only behind a public URL; "
+                        "its admin routes then stay on loopback)")
+    p.add_argument("--proxy-port", type=int, default=0, help="the capture proxy's port (0: free)")
+    p.add_argument("--proxy-public-url", default=None,
+                   help="the URL remote sandboxes use to reach the capture proxy")
+    p.add_argument("--proxy-tunnel", default=None,
+                   help="a command that opens a tunnel to the proxy, with {url}")
     return p
 
 
@@ -609,7 +678,9 @@ async def _serve(args: argparse.Namespace) -> None:
     service = RolloutService(
         args.engine_url, key=_key(args), tasks=args.tasks, task_count=args.task_count,
         max_sessions=args.max_sessions, result_ttl_s=args.result_ttl_s,
-        data_dir=Path(args.data_dir) if args.data_dir else None)
+        data_dir=Path(args.data_dir) if args.data_dir else None, proxy_host=args.proxy_host,
+        proxy_port=args.proxy_port, proxy_public_url=args.proxy_public_url,
+        proxy_tunnel=args.proxy_tunnel, sandbox=args.sandbox)
     service.start()
     config = uvicorn.Config(create_app(service), host=args.host, port=args.port,
                             log_level="warning", timeout_graceful_shutdown=5)

@@ -1,50 +1,102 @@
-"""The processes behind a run: the vLLM engine and the capture proxy, started and stopped in order.
+"""The processes behind a run: the vLLM engine, then the rollout side, started and stopped in order.
 
-`harness.train` and `harness.eval` both need the same two services, so they live here once:
+`harness.train` and `harness.eval` both need an engine and somewhere rollouts run, so they live
+here once. Two layouts of the rollout side:
 
-    with RunStack(settings, run_dir, weight_transfer=True) as stack:
-        stack.engine_url, stack.proxy.url, stack.proxy.admin_key, stack.model_path
+    with RunStack(settings, run_dir, weight_transfer=True, rollouts="service") as stack:
+        stack.engine_url, stack.service_urls, stack.service_key     # harness.train
+    with RunStack(settings, run_dir, weight_transfer=False) as stack:
+        stack.engine_url, stack.proxy.admin_url, stack.proxy.admin_key  # harness.eval
+
+- "service" (harness.train): rollout services (`python -m harness.serve`). Without
+  --rollout-service, one is started here as a child process (harness.serve.spawn_service) from
+  the project venv, pointed at the engine: it owns the tasks, sandboxes, agents, the capture
+  proxy (its per-call log under <run>/capture) and, for remote sandboxes, the proxy's exposure
+  (the --proxy-* settings travel to it). It starts while the engine loads, so it adds no wall
+  time. With --rollout-service the services are someone else's and nothing is started for them.
+  This module then imports neither harbor, openenv nor capture's server: the trainer's process
+  (vLLM's NCCL engine on GPUs) must stay free of them.
+- "proxy" (harness.eval): the capture proxy in this process, and its exposure; the caller runs
+  HarborSessionFactory in-process.
 
 Start order: the model (built or found), the engine (launched with the weight-transfer backend
-this machine needs, or the one at --engine-url), the capture proxy in front of it (its
-per-call log under the run dir, so a crash loses nothing captured), and, for remote sandboxes,
-the proxy's exposure (a public URL or a tunnel). Stop order is the reverse, on success, error
-and Ctrl-C alike (contextlib.ExitStack); the engine's process group dies with us even on SIGKILL
-(launchers/reaper.py).
+this machine needs, or the one at --engine-url) and the rollout side. Stop order is the reverse,
+on success, error and Ctrl-C alike (contextlib.ExitStack); the engine's and the local service's
+process groups die with us even on SIGKILL (launchers/reaper.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from capture.server import CaptureServer
 from harness.run_config import RunSettings, SettingsError
 from launchers.engine import Engine, gpu_available
 from launchers.models import ModelError, ResolvedModel, resolve_model
 
-__all__ = ["RunStack"]
+__all__ = ["ROLLOUT_LAYOUTS", "RunStack", "service_key", "service_python"]
 
 log = logging.getLogger(__name__)
+ROLLOUT_LAYOUTS = ("service", "proxy")
+SERVICE_PYTHON_ENV = "HARNESS_SERVICE_PYTHON"
+
+
+def service_key(settings: RunSettings) -> str | None:
+    """The running services' key: --rollout-service-key-file, else $HARNESS_SERVICE_KEY."""
+    from harness.remote import KEY_ENV
+
+    if settings.rollout_service_key_file:
+        return Path(settings.rollout_service_key_file).read_text().strip() or None
+    return os.environ.get(KEY_ENV) or None
+
+
+def service_python() -> str:
+    """The interpreter a local rollout service runs with: one that has harbor and openenv.
+
+    On CPU the trainer runs from the project venv, which has them: this same interpreter. On
+    GPUs the trainer runs from .trainer-venv (vLLM, no openenv), so the service runs from the
+    project venv (.venv), or $HARNESS_SERVICE_PYTHON.
+    """
+    override = os.environ.get(SERVICE_PYTHON_ENV)
+    if override:
+        return override
+    import importlib.util
+
+    if importlib.util.find_spec("harbor") is not None:  # found, not imported
+        return sys.executable
+    from launchers.paths import project_python
+
+    return str(project_python())
 
 
 class RunStack:
-    """Engine + capture proxy (+ exposure) for one run. Use as a context manager."""
+    """Engine + rollout services (or an in-process capture proxy). Use as a context manager."""
 
-    def __init__(self, settings: RunSettings, run_dir: Path, *, weight_transfer: bool) -> None:
+    def __init__(self, settings: RunSettings, run_dir: Path, *, weight_transfer: bool,
+                 rollouts: str = "proxy") -> None:
+        if rollouts not in ROLLOUT_LAYOUTS:
+            raise ValueError(f"rollouts={rollouts!r}: choose one of {ROLLOUT_LAYOUTS}")
         self.settings = settings
         self.run_dir = run_dir
         self.weight_transfer = weight_transfer
+        self.rollouts = rollouts
         self.weight_backend: str | None = None
         self.backend_reason = ""
         self.model: ResolvedModel | None = None
         self.model_path: Path | None = None
         self.engine: Engine | None = None
         self.engine_url = settings.engine_url.rstrip("/") if settings.engine_url else None
-        self.proxy: CaptureServer | None = None
+        self.proxy: Any = None  # capture.server.CaptureServer ("proxy" layout)
         self.exposure = None
+        self.service: Any = None  # harness.serve.LocalService, when started here
+        self.service_urls: list[str] = []
+        self.service_key: str | None = None
         self.timings: dict[str, float] = {}
         self._exit = contextlib.ExitStack()
 
@@ -82,16 +134,72 @@ class RunStack:
         log.info("weight sync: %s", self.backend_reason)
 
         t0 = time.perf_counter()
-        if self.engine_url is None:
+        engine_url = self.engine_url
+        if engine_url is None:
             self.engine = Engine(self.model_path, port=s.engine_port, served_model_name=s.served_model_name,
                                  weight_transfer_backend=self.weight_backend,
                                  log_path=self.run_dir / "logs" / "vllm.log")
+            engine_url = self.engine.url  # its port is chosen before it starts
+        # The local service needs only the engine's URL to start: it starts while vLLM loads.
+        pending = self._spawn_service(engine_url) if self.rollouts == "service" else None
+        if self.engine is not None:
             self._exit.callback(self.engine.stop)
             self.engine.start()
-            self.engine_url = self.engine.url
+        self.engine_url = engine_url
         self.timings["engine_start_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
+        if self.rollouts == "service":
+            self._services(pending)
+            self.timings["service_wait_s"] = time.perf_counter() - t0
+        else:
+            self._start_proxy()
+            self.timings["proxy_start_s"] = time.perf_counter() - t0
+
+    def _spawn_service(self, engine_url: str) -> Future | None:
+        """Start the local rollout service in a thread (None with --rollout-service)."""
+        if self.settings.rollout_service_urls():
+            return None
+        from harness.serve import spawn_service
+
+        s = self.settings
+        extra = ["--sandbox", s.sandbox, "--proxy-host", s.proxy_host,
+                 "--proxy-port", str(s.proxy_port)]
+        if s.proxy_public_url:
+            extra += ["--proxy-public-url", s.proxy_public_url]
+        if s.proxy_tunnel:
+            extra += ["--proxy-tunnel", s.proxy_tunnel]
+        executor = ThreadPoolExecutor(1, thread_name_prefix="rollout-service")
+        pending = executor.submit(
+            spawn_service, engine_url, self.run_dir / "service", tasks=s.tasks,
+            task_count=s.task_count, max_sessions=s.max_concurrent_rollouts, own_cache=False,
+            data_dir=self.run_dir, python=service_python(), extra_args=extra)
+
+        def stop_it() -> None:
+            # Registered first, so it runs last: after the engine stopped. The spawn may still
+            # be under way (an error or Ctrl-C during the engine's start): wait for it, stop it.
+            executor.shutdown(wait=True)
+            with contextlib.suppress(Exception):
+                pending.result().stop()
+
+        self._exit.callback(stop_it)
+        return pending
+
+    def _services(self, pending: Future | None) -> None:
+        if pending is None:
+            self.service_urls = self.settings.rollout_service_urls()
+            self.service_key = service_key(self.settings)
+            return
+        self.service = pending.result()
+        # Stopped before the engine (ExitStack: last registered, first closed); stopping twice
+        # is a no-op, so the spawn's own callback stays harmless.
+        self._exit.callback(self.service.stop)
+        self.service_urls, self.service_key = [self.service.url], self.service.key
+
+    def _start_proxy(self) -> None:
+        from capture.server import CaptureServer
+
+        s = self.settings
         self.proxy = CaptureServer(self.engine_url, data_dir=self.run_dir / "capture",
                                    host=s.proxy_host, port=s.proxy_port,
                                    public_url=s.proxy_public_url)
@@ -106,7 +214,6 @@ class RunStack:
             # Session base URLs handed to agents must be the public ones (a tunnel's is only
             # known once it is up).
             self.proxy.state.public_url = self.exposure.public_url
-        self.timings["proxy_start_s"] = time.perf_counter() - t0
 
     def __exit__(self, *exc: object) -> None:
         self._exit.close()

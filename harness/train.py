@@ -4,18 +4,35 @@ This is the recipe (torchtune's word): the one place that wires every room, in t
 start and stop. Nothing here computes; each step is a component from its own room.
 
     1. settings      flags + --config YAML, all problems reported at once (harness.preflight)
-    2. services      tiny model (built locally) -> vLLM engine -> capture proxy (harness.stack)
-    3. weight sync   gloo here (vLLM plugin), NCCL on GPUs (trainer.weight_sync)
-    4. rollouts      HarborSessionFactory: Harbor task -> sandbox -> agent -> proxy -> verifier,
-                     every rollout recorded under <output-dir>/rollouts (harness.run_records)
+    2. services      tiny model (built locally) -> vLLM engine -> a rollout service pointed at
+                     it (`python -m harness.serve`, a child process started while vLLM loads;
+                     --rollout-service URL[,URL...] uses running ones instead) (harness.stack)
+    3. weight sync   gloo here (vLLM plugin), NCCL on GPUs (trainer.weight_sync); each version
+                     the engine confirmed reaches every service's capture proxy
+                     (POST /v1/weight_version)
+    4. rollouts      RemoteSessionFactory (harness.remote) -> the service's HarborSessionFactory:
+                     Harbor task -> sandbox -> agent -> proxy -> verifier; every rollout recorded
+                     here under <output-dir>/rollouts (harness.run_records)
     5. training      HarnessAsyncGRPOTrainer: rows from traces, group advantages, TIS loss,
-                     checkpoints and metrics under <output-dir>/trainer
+                     checkpoints and metrics under <output-dir>/trainer; --eval-tasks before and
+                     after (harness.learning), through the same services
     6. summary       rollouts by cause, reward per step, tokens trained, time per phase
-    7. teardown      every process this command started is stopped, on error and Ctrl-C too
+    7. teardown      every process this command started is stopped (service, then engine), on
+                     error and Ctrl-C too
 
-On this machine (2 CPU cores, no GPU) the default, `python -m harness.train --harness
-mini-swe-agent`, trains 3 steps on the bundled tasks with the tiny model in a few minutes. On GPUs
-point --model at a real checkpoint and --engine-url at vLLM (launchers/hf_jobs.py does it all).
+Which process holds what: this one holds the trainer (torch, transformers, the weight sync) and
+the HTTP client, and imports neither openenv, harbor nor capture's server
+(tests/test_trainer_isolation.py). The rollout service holds tasks, sandboxes, agents, the capture
+proxy and the verifiers (it needs harbor and openenv); the engine is vLLM in its own venv. On this
+machine (2 CPU cores, no GPU) the trainer runs from the project venv (.venv), beside the service's
+imports it never makes: the CPU weight sync needs no vLLM in the trainer (the gloo plugin's vLLM
+side lives in the engine). On GPUs the trainer imports vLLM's NCCL weight-transfer engine, and
+vLLM cannot share a venv with openenv, so the trainer runs from .trainer-venv
+(requirements/trainer-gpu.txt) and the service from .venv (launchers/hf_jobs.py does it all).
+
+The default, `python -m harness.train --harness mini-swe-agent`, trains 3 steps on the bundled
+tasks with the tiny model in a few minutes. On GPUs point --model at a real checkpoint and
+--engine-url at vLLM.
 """
 
 from __future__ import annotations
@@ -38,7 +55,6 @@ from harness.run_config import (
     build_parser,
     load_callable,
     parse_reward_funcs,
-    quiet_harbor,
     settings_from_args,
 )
 from harness.run_records import RecordingFactory, summary_tables
@@ -51,25 +67,40 @@ HARNESS_NAMES = {"opencode": "opencode", "claude-code": "claude-code", "codex": 
                  "mini-swe-agent": "mini-swe-agent"}
 
 
-def _factory_fn(settings: RunSettings, stack: RunStack, run_dir: Path):
-    """What the trainer calls with its sampling policy: a recording HarborSessionFactory."""
-    from harness.factory import HarborSessionFactory
-    from harness.tasks import load_tasks
+def _factory_fn(settings: RunSettings, pool: Any, run_dir: Path):
+    """What the trainer calls with its sampling policy: a recording RemoteSessionFactory.
 
-    tasks = load_tasks(settings.tasks, count=settings.task_count)
+    `pool` is the run's one ServicePool: every factory (training, eval before/after) shares its
+    view of the services' load and the weight version it tells them.
+    """
+    from harness.remote import RemoteSessionFactory
 
-    def make(sampling: dict) -> RecordingFactory:
-        factory = HarborSessionFactory(
-            stack.proxy.admin_url, admin_key=stack.proxy.admin_key, split=tasks,
+    def make(split: Any, sampling: dict, task_count: int | None = None) -> Any:
+        return RemoteSessionFactory(
+            [s.url for s in pool.services], pool=pool, split=split, task_count=task_count,
             harness=HARNESS_NAMES[settings.harness], sandbox=settings.sandbox,
-            llm_url=stack.engine_url, model=settings.served_model_name, sampling=sampling,
+            model=settings.served_model_name, sampling=sampling,
             max_concurrent_rollouts=settings.max_concurrent_rollouts,
             agent_timeout_s=settings.agent_timeout_s, max_steps=settings.max_agent_steps,
-            reward_key=settings.reward_key,
-        )
-        return RecordingFactory(factory, run_dir)
+            reward_key=settings.reward_key)
 
-    return make
+    def training(sampling: dict) -> RecordingFactory:
+        # The split as its spec: the service loads it where the tasks live (and checked it at
+        # preflight), so the trainer never touches Harbor.
+        return RecordingFactory(make(settings.tasks, sampling, settings.task_count), run_dir)
+
+    return training, make
+
+
+def _eval_task_names(settings: RunSettings, pool: Any) -> list[str] | None:
+    """--eval-tasks as the first service loads it (seed k runs task k % n there)."""
+    if settings.eval_tasks is None:
+        return None
+    url, answer = next(iter(pool.tasks(settings.eval_tasks).items()))
+    if isinstance(answer, str):
+        raise SettingsError([f"--eval-tasks {settings.eval_tasks!r} on the rollout service "
+                             f"{url}: {answer}"])
+    return answer
 
 
 TINY_MODEL_REWARD = "examples.reward_fns:shaped_reward"
@@ -111,9 +142,11 @@ def _no_rollouts(sampling: dict) -> None:
 def weight_links(engine_url: str, backend: str | None, capture: Any) -> dict[str, Any]:
     """The trainer's `weight_sync` and `on_version` for this run.
 
-    The capture proxy stamps every engine call with the version it was last told, and the trainer
-    trusts that stamp for staleness and the IS correction. So the proxy hears a version only from
-    the weight sync, after the engine confirmed it serves it. With --no-weight-sync (backend None)
+    `capture` is what tells the capture proxies a version: the run's ServicePool (every
+    service's proxy, POST /v1/weight_version) or a CaptureClient (one proxy). A proxy stamps
+    every engine call with the version it was last told, and the trainer trusts that stamp for
+    staleness and the IS correction. So the proxy hears a version only from the weight sync,
+    after the engine confirmed it serves it. With --no-weight-sync (backend None)
     the engine keeps serving version 0 and the proxy is never told otherwise: the rows then show
     their true lag, counted under staleness/* and corrected or dropped (trainer/staleness.py).
     """
@@ -140,50 +173,58 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
     timings: dict[str, float] = {}
     t_run = time.perf_counter()
 
+    from harness.remote import ServicePool
     from trainer.grpo import HarnessAsyncGRPOTrainer
     from trainer.rewards import RewardFunc
 
-    with RunStack(settings, run_dir, weight_transfer=settings.weight_sync) as stack:
+    with RunStack(settings, run_dir, weight_transfer=settings.weight_sync,
+                  rollouts="service") as stack:
         timings.update(stack.timings)
-        console.print(f"[bold]engine[/] {stack.engine_url}  [bold]proxy[/] {stack.proxy.url}  "
+        console.print(f"[bold]engine[/] {stack.engine_url}  [bold]rollout service[/] "
+                      f"{', '.join(stack.service_urls)}"
+                      f"{'' if stack.service is None else ' (started here)'}  "
                       f"[bold]model[/] {stack.model_path}  [bold]weight sync[/] {stack.backend_reason}")
-        from capture.client import CaptureClient
-
-        capture = CaptureClient(stack.proxy.admin_url, stack.proxy.admin_key)
-        links = weight_links(stack.engine_url, stack.weight_backend, capture)
-        weight_sync = links["weight_sync"]
+        pool = ServicePool(stack.service_urls, stack.service_key)
+        # The engine serves its initial weights: a service that served an earlier run must
+        # stamp version 0 again, not the last version it heard.
+        pool.set_weight_version(0)
         reward_spec, why = _reward_choice(settings)
         console.print(f"[bold]reward[/] {why}")
         reward_fn = load_callable(reward_spec) if reward_spec else None
         reward_funcs = [RewardFunc(name, fn, weight)
                         for name, fn, weight in parse_reward_funcs(settings.reward_funcs or [])]
-        make_factory = _factory_fn(settings, stack, run_dir)
+        make_training, make_factory = _factory_fn(settings, pool, run_dir)
         made: list[RecordingFactory] = []
-        learning = BeforeAfter(settings, stack, run_dir, console)  # --eval-tasks, reward curve
-        learning.before()
-
-        def factory(sampling: dict) -> RecordingFactory:
-            made.append(make_factory(sampling))
-            return made[-1]
-
-        t0 = time.perf_counter()
-        trainer = HarnessAsyncGRPOTrainer(
-            model=str(stack.model_path), harness_session_factory=factory,
-            args=settings.trainer_config(), rollout_reward_fn=reward_fn, reward_funcs=reward_funcs,
-            **links,
-        )
-        timings["trainer_setup_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        links = weight_links(stack.engine_url, stack.weight_backend, pool)
+        weight_sync = links["weight_sync"]
         try:
-            history = trainer.train()
+            learning = BeforeAfter(settings, make_factory, run_dir, console,  # --eval-tasks
+                                   eval_tasks=_eval_task_names(settings, pool))
+            learning.before()
+
+            def factory(sampling: dict) -> RecordingFactory:
+                made.append(make_training(sampling))
+                return made[-1]
+
+            t0 = time.perf_counter()
+            trainer = HarnessAsyncGRPOTrainer(
+                model=str(stack.model_path), harness_session_factory=factory,
+                args=settings.trainer_config(), rollout_reward_fn=reward_fn,
+                reward_funcs=reward_funcs, **links,
+            )
+            timings["trainer_setup_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            try:
+                history = trainer.train()
+            finally:
+                timings["training_s"] = time.perf_counter() - t0
+                for f in made:
+                    f.close()
+            before_after = learning.after()  # the engine now serves the last pushed weights
         finally:
-            timings["training_s"] = time.perf_counter() - t0
-            for f in made:
-                f.close()
             if weight_sync is not None:
                 weight_sync.close()
-            capture.close()
-        before_after = learning.after()  # the engine now serves the last pushed weights
+            pool.close()
     timings["total_s"] = time.perf_counter() - t_run
     records = [r for f in made for r in f.records]
     for table in summary_tables(records, history, timings):
@@ -210,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser("python -m harness.train", __doc__.split("\n\n")[0])
     console = Console(stderr=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    quiet_harbor()
     try:
         settings = settings_from_args(parser, argv)
         run_training(settings, Console())

@@ -18,29 +18,37 @@ How a job is built (huggingface_hub's `HfApi.run_job`, the same call `hf jobs ru
              it into /tmp/harness, a writable copy where setup.sh, venvs and runs/ live
     image    ghcr.io/astral-sh/uv:python3.12-bookworm (huggingface_hub's uv image: Python 3.12,
              uv, apt); the job installs bubblewrap/nodejs/npm with apt, then runs ./setup.sh,
-             which builds the GPU engine venv where nvidia-smi works
+             which builds the GPU engine venv and the trainer venv where nvidia-smi works
     flavor   one of huggingface_hub's JobHardware values (checked before anything is sent)
     secrets  HF_TOKEN (your saved login or $HF_TOKEN: gated models, the code bucket) and
              E2B_API_KEY (the sandboxes)
     ports    only the capture proxy's agent port is published, without authentication
              (expose_public), so E2B sandboxes reach it with their session secret alone. The
              proxy binds it on 0.0.0.0 and then serves its admin routes on a separate
-             127.0.0.1 listener only (capture/server.py): they never leave the node
+             127.0.0.1 listener only (capture/server.py): they never leave the node; the
+             rollout service listens on loopback only
 
-What the job then runs (this same file, with --inside):
+What the job then runs (this same file, with --inside), one venv per side (venv_pythons):
 
     model        a hub --model is downloaded once (launchers.models) and both processes get
                  the local snapshot: the same commit for the engine and the trainer
     GPU 0        vLLM (launchers.engine, NCCL weight-transfer backend), health-checked
-    GPUs 1..N-1  the trainer: <venv python> -m torch.distributed.run --nproc-per-node N-1
-                 -m harness.train --engine-url ... (FSDP2; rank 0 runs the rollouts and the
-                 capture proxy on 0.0.0.0:8100, published as https://<job id>--8100.hf.jobs,
-                 and pushes weights to vLLM over NCCL); the launcher watches that public URL
-                 answer the proxy's /health and stops the job with the fix if it never does
+    no GPU       the rollout service, from the project venv (.venv: harbor, openenv):
+                 .venv/bin/python -m harness.serve --engine-url ... --sandbox e2b, its capture
+                 proxy on 0.0.0.0:8100, published as https://<job id>--8100.hf.jobs; the
+                 launcher watches that public URL answer the proxy's /health and stops the job
+                 with the fix if it never does
+    GPUs 1..N-1  the trainer, from the trainer venv (.trainer-venv: torch, transformers, vLLM's
+                 NCCL weight transfer; no openenv, no harbor): -m torch.distributed.run
+                 --nproc-per-node N-1 -m harness.train --engine-url ... --rollout-service
+                 http://127.0.0.1:8200 (FSDP2; rank 0 sends the rollouts to the service and
+                 pushes weights to vLLM over NCCL); the service and the trainer share a fresh
+                 $HARNESS_SERVICE_KEY
 
 and stops everything it started, in reverse order, when the trainer exits or the job is stopped.
-`--local` runs the same orchestration on this machine (CPU: engine on the CPU, one trainer
-process, local bubblewrap sandboxes, the proxy on loopback), which is how the tests check it.
+`--local` runs the same orchestration on this machine (CPU: engine on the CPU, the service and
+one trainer process from .venv, local bubblewrap sandboxes, the proxy on loopback), which is how
+the tests check it.
 
 Assumption to know about: the public URL is taken as https://$JOB_ID--8100.hf.jobs, the format
 huggingface_hub documents for JobInfo.expose_urls, with JOB_ID read from the job's environment.
@@ -69,6 +77,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ENGINE_PORT = 8000
 PROXY_PORT = 8100  # the capture proxy's agent routes, published (expose_public)
+SERVICE_PORT = 8200  # the rollout service, on loopback: only the trainer talks to it
 PUBLIC_URL_DEADLINE_S = 1800.0  # the proxy starts after the engine and the model load
 DEFAULT_FLAVOR = "h200x4"
 DEFAULT_IMAGE = "ghcr.io/astral-sh/uv:python3.12-bookworm"
@@ -237,32 +246,59 @@ def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return [*out, flag, value]
 
 
-def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url: str | None,
-                    python: str, engine_port: int = ENGINE_PORT) -> dict[str, list[str]]:
-    """The processes the job (or --local) starts, in order: the engine, then the trainer.
+def venv_pythons(root: str | Path, gpus: int) -> dict[str, str]:
+    """Which venv runs which process. The project venv (.venv: harbor, openenv) runs the engine's
+    launcher and the rollout service; the trainer runs from .trainer-venv on GPUs (vLLM's NCCL
+    weight-transfer engine imports in the trainer, and vLLM cannot share a venv with openenv:
+    requirements/trainer-gpu.txt) and from .venv on CPU (the gloo sync needs no vLLM there)."""
+    root = Path(root)
+    project = str(root / ".venv" / "bin" / "python")
+    trainer = str(root / ".trainer-venv" / "bin" / "python") if gpus > 0 else project
+    return {"project": project, "trainer": trainer}
 
-    `train_args` already carry the resolved --model (a local directory), so the engine and every
-    trainer rank load the same files.
+
+def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url: str | None,
+                    python: str, trainer_python: str | None = None,
+                    engine_port: int = ENGINE_PORT,
+                    service_port: int = SERVICE_PORT) -> dict[str, list[str]]:
+    """The processes the job (or --local) starts, in order: engine, rollout service, trainer.
+
+    `python` is the project venv's (engine launcher, rollout service), `trainer_python` the
+    trainer's (default: `python`). `train_args` already carry the resolved --model (a local
+    directory), so the engine and every trainer rank load the same files. The service and the
+    trainer share a key through $HARNESS_SERVICE_KEY (run_inside sets it).
     """
+    engine_url = f"http://127.0.0.1:{engine_port}"
     engine = [python, "-m", "launchers.engine", "--host", "127.0.0.1", "--port", str(engine_port)]
     for flag in ("--model", "--served-model-name"):  # what the engine serves = what agents ask
         value = _flag_value(train_args, flag)
         if value:
             engine += [flag, value]
     engine += ["--weight-transfer-backend", "nccl" if gpus > 0 else "harness_gloo"]
-    commands = {"engine": engine}
-    train = ["-m", "harness.train", "--engine-url", f"http://127.0.0.1:{engine_port}"]
+    # The rollout service: tasks, sandboxes, agents and the capture proxy (its per-call log
+    # under the run's output dir, as when harness.train starts it).
+    service = [python, "-m", "harness.serve", "--engine-url", engine_url, "--host", "127.0.0.1",
+               "--port", str(service_port), "--max-sessions",
+               _flag_value(train_args, "--max-concurrent-rollouts") or "4",
+               "--data-dir", _flag_value(train_args, "--output-dir") or "runs/latest"]
     if not local:
         # 0.0.0.0: the agent routes only; the proxy keeps its admin routes on loopback.
-        train += ["--sandbox", "e2b", "--proxy-host", "0.0.0.0", "--proxy-port", str(PROXY_PORT)]
+        service += ["--sandbox", "e2b", "--proxy-host", "0.0.0.0", "--proxy-port", str(PROXY_PORT)]
         if public_url:
-            train += ["--proxy-public-url", public_url]
+            service += ["--proxy-public-url", public_url]
+    train = ["-m", "harness.train", "--engine-url", engine_url,
+             "--rollout-service", f"http://127.0.0.1:{service_port}"]
+    if not local:
+        train += ["--sandbox", "e2b"]  # the service's sandboxes, named in each rollout request
+    trainer_python = trainer_python or python
+    commands = {"engine": engine, "service": service}
     if gpus > 1:
-        # The job's own interpreter runs torchrun's module: a bare `torchrun` may not be on PATH.
-        commands["trainer"] = [python, "-m", "torch.distributed.run", "--standalone",
+        # The trainer's own interpreter runs torchrun's module: a bare `torchrun` may not be on
+        # PATH, and it must be the trainer venv's.
+        commands["trainer"] = [trainer_python, "-m", "torch.distributed.run", "--standalone",
                                f"--nproc-per-node={gpus - 1}", *train, *train_args]
     else:
-        commands["trainer"] = [python, *train, *train_args]
+        commands["trainer"] = [trainer_python, *train, *train_args]
     return commands
 
 
@@ -297,20 +333,21 @@ def _resolve_model(python: str, train_args: list[str]) -> list[str]:
     return _with_flag(train_args, "--model", out.stdout.strip().splitlines()[-1])
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float) -> None:
+def _wait_healthy(url: str, process: subprocess.Popen, timeout_s: float,
+                  what: str = "engine") -> None:
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise LaunchError(f"engine exited with code {process.returncode} before it was healthy")
+            raise LaunchError(f"{what} exited with code {process.returncode} before it was healthy")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    raise LaunchError(f"engine at {url} not healthy after {timeout_s:.0f} s")
+    raise LaunchError(f"{what} at {url} not healthy after {timeout_s:.0f} s")
 
 
 def watch_public_url(public_url: str, trainer: subprocess.Popen, deadline_s: float,
@@ -355,22 +392,36 @@ def run_inside(train_args: list[str], *, local: bool, public_url: str | None, sk
             raise LaunchError("no --proxy-public-url and no $JOB_ID to derive the public URL from; "
                               f"pass the job's URL for port {PROXY_PORT}")
         public_url = f"https://{os.environ['JOB_ID']}--{PROXY_PORT}.hf.jobs"
-    python = str(REPO / ".venv" / "bin" / "python")
+    pythons = venv_pythons(REPO, gpus)
+    if not Path(pythons["trainer"]).exists():
+        raise LaunchError(f"no trainer venv at {pythons['trainer']}: ./setup.sh builds it where "
+                          "nvidia-smi works (requirements/trainer-gpu.txt)")
+    python = pythons["project"]
     train_args = _resolve_model(python, train_args)
     # In a job the node is ours; on a shared machine (--local) any fixed port may be taken.
     engine_port = _free_port() if local else ENGINE_PORT
+    service_port = _free_port() if local else SERVICE_PORT
     commands = inside_commands(train_args, gpus=gpus, local=local, public_url=public_url,
-                               python=python, engine_port=engine_port)
+                               python=python, trainer_python=pythons["trainer"],
+                               engine_port=engine_port, service_port=service_port)
     # No blanket HF_HUB_OFFLINE: --tasks hf:org/repo still needs the hub. The engine sets it
-    # itself for a local model directory (launchers/engine.py).
-    env = dict(os.environ)
+    # itself for a local model directory (launchers/engine.py). The service and the trainer
+    # share a fresh key; the repo is importable from every venv.
+    env = {**os.environ, "HARNESS_SERVICE_KEY": secrets.token_urlsafe(32),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     engine_env = {**env, "CUDA_VISIBLE_DEVICES": "0"} if gpus > 0 else env
+    # The service needs no GPU; it must not grab one the engine or the trainer uses.
+    service_env = {**env, "CUDA_VISIBLE_DEVICES": ""} if gpus > 0 else env
     trainer_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(1, gpus)))} if gpus > 1 else env
     started: list[subprocess.Popen] = []
     try:
         engine = subprocess.Popen(commands["engine"], env=engine_env, start_new_session=True)
         started.append(engine)
+        service = subprocess.Popen(commands["service"], env=service_env, start_new_session=True)
+        started.append(service)
         _wait_healthy(f"http://127.0.0.1:{engine_port}", engine, timeout_s=1800)
+        _wait_healthy(f"http://127.0.0.1:{service_port}", service, timeout_s=300,
+                      what="rollout service")
         trainer = subprocess.Popen(commands["trainer"], env=trainer_env, start_new_session=True)
         started.append(trainer)
         if not local:
@@ -414,9 +465,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.inside or args.local:
             if args.dry_run:
-                cmds = inside_commands(train_args, gpus=0 if args.local else gpu_count(),
-                                       local=args.local, public_url=args.proxy_public_url,
-                                       python=str(REPO / ".venv" / "bin" / "python"))
+                gpus = 0 if args.local else gpu_count()
+                pythons = venv_pythons(REPO, gpus)
+                cmds = inside_commands(train_args, gpus=gpus, local=args.local,
+                                       public_url=args.proxy_public_url,
+                                       python=pythons["project"], trainer_python=pythons["trainer"])
                 print(json.dumps({name: shlex.join(c) for name, c in cmds.items()}, indent=1))
                 return 0
             signal.signal(signal.SIGTERM, _terminate)
@@ -432,9 +485,10 @@ def main(argv: list[str] | None = None) -> int:
             request = job_request(args, train_args, volume)
             request["volumes"] = [v.to_dict() for v in request["volumes"]]
             request["secrets"] = list(SECRET_NAMES)
+            pythons = venv_pythons(JOB_WORKDIR, gpus=4)
             inside = inside_commands(train_args, gpus=4, local=False,
                                      public_url=f"https://$JOB_ID--{PROXY_PORT}.hf.jobs",
-                                     python=f"{JOB_WORKDIR}/.venv/bin/python")
+                                     python=pythons["project"], trainer_python=pythons["trainer"])
             print(json.dumps({"job": request, "code_files": len(code_files(Path(args.repo))),
                               "inside": {k: shlex.join(c) for k, c in inside.items()}}, indent=1))
             return 0

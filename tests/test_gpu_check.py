@@ -19,6 +19,19 @@ from pathlib import Path
 from launchers.paths import REPO_ROOT
 
 
+def test_the_gpu_layout_gives_the_trainer_its_own_venv_built_from_a_set_without_openenv():
+    # setup.sh builds .trainer-venv where nvidia-smi works, from requirements/trainer-gpu.txt,
+    # and the trainer side needs vLLM there (NCCL weight transfer), never the rollout side's.
+    lines = [line.split("#")[0].strip() for line in
+             (REPO_ROOT / "requirements" / "trainer-gpu.txt").read_text().splitlines()]
+    names = {line.split("=")[0].split(">")[0].split("<")[0] for line in lines if line}
+    assert {"vllm", "trl", "transformers", "httpx", "pyyaml", "rich"} <= names
+    assert "vllm==0.32.0" in lines and "trl==1.16.0" in lines
+    assert not names & {"openenv", "openenv[harbor]", "harbor", "e2b"}
+    setup = (REPO_ROOT / "setup.sh").read_text()
+    assert "requirements/trainer-gpu.txt" in setup and 'link "$TRAINER_VENV" .trainer-venv' in setup
+
+
 def test_the_dry_run_writes_every_figure_and_the_properties_hold(tmp_path: Path) -> None:
     run = subprocess.run(["bash", "bench/gpu/check.sh", "--dry-run"], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=300,
@@ -27,6 +40,9 @@ def test_the_dry_run_writes_every_figure_and_the_properties_hold(tmp_path: Path)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert not [k for k, v in report.items() if isinstance(v, dict) and "error" in v], report
     assert report["env"]["torch"] and report["copy"]["GBps"] > 0
+    # The trainer side runs without the rollout side's packages (issue 17's layout: the GPU
+    # trainer's venv has neither openenv nor harbor).
+    assert report["env"]["rollout_side_modules"] == []
 
     train = report["train/tiny"]
     assert train["tokens_per_s"] > 0 and train["loss_finite"] and train["nonfinite_skipped"] == 0

@@ -170,23 +170,40 @@ def test_the_shipped_code_archive_runs_the_launcher_from_an_unpacked_copy(tmp_pa
                          text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     inside = json.loads(run.stdout)
-    assert set(inside) == {"engine", "trainer"}
+    assert set(inside) == {"engine", "service", "trainer"}
 
 
-def test_the_job_runs_the_trainer_with_its_own_interpreter_and_a_public_proxy() -> None:
-    from launchers.hf_jobs import inside_commands
+def test_the_job_runs_the_trainer_from_its_venv_and_the_service_with_the_public_proxy() -> None:
+    from launchers.hf_jobs import inside_commands, venv_pythons
 
+    pythons = venv_pythons("/w", gpus=4)
+    # GPUs: the trainer has its own venv (vLLM's NCCL engine, no openenv); everything else
+    # runs from the project venv.
+    assert pythons == {"project": "/w/.venv/bin/python", "trainer": "/w/.trainer-venv/bin/python"}
     cmds = inside_commands(["--harness", "opencode", "--model", "/models/snap",
-                            "--served-model-name", "qwen"], gpus=4,
-                           local=False, public_url="https://j--8100.hf.jobs", python="/w/py")
-    assert set(cmds) == {"engine", "trainer"}
+                            "--served-model-name", "qwen", "--output-dir", "/runs/a",
+                            "--max-concurrent-rollouts", "16"], gpus=4, local=False,
+                           public_url="https://j--8100.hf.jobs", python=pythons["project"],
+                           trainer_python=pythons["trainer"])
+    assert list(cmds) == ["engine", "service", "trainer"]  # the order they start in
+    assert cmds["engine"][0] == "/w/.venv/bin/python"
     assert cmds["engine"][cmds["engine"].index("--served-model-name") + 1] == "qwen"
-    assert cmds["trainer"][:5] == ["/w/py", "-m", "torch.distributed.run", "--standalone",
-                                   "--nproc-per-node=3"]
-    trainer = " ".join(cmds["trainer"])
-    assert "--proxy-host 0.0.0.0 --proxy-port 8100" in trainer  # the published port
-    assert "--proxy-public-url https://j--8100.hf.jobs" in trainer
     assert cmds["engine"][cmds["engine"].index("--model") + 1] == "/models/snap"
+    service = " ".join(cmds["service"])
+    assert cmds["service"][:3] == ["/w/.venv/bin/python", "-m", "harness.serve"]
+    assert "--engine-url http://127.0.0.1:8000" in service
+    assert "--host 127.0.0.1 --port 8200" in service  # the service itself stays on loopback
+    assert "--proxy-host 0.0.0.0 --proxy-port 8100" in service  # the published port
+    assert "--proxy-public-url https://j--8100.hf.jobs" in service
+    assert "--sandbox e2b" in service and "--max-sessions 16" in service
+    assert "--data-dir /runs/a" in service  # the proxy's log beside the run, as locally
+    assert cmds["trainer"][:5] == ["/w/.trainer-venv/bin/python", "-m", "torch.distributed.run",
+                                   "--standalone", "--nproc-per-node=3"]
+    trainer = " ".join(cmds["trainer"])
+    assert "-m harness.train --engine-url http://127.0.0.1:8000" in trainer
+    assert "--rollout-service http://127.0.0.1:8200" in trainer
+    assert "--sandbox e2b" in trainer
+    assert "--proxy-" not in trainer  # the proxy is the service's
 
 
 def test_the_local_dry_run_uses_the_cpu_path() -> None:
@@ -194,7 +211,13 @@ def test_the_local_dry_run_uses_the_cpu_path() -> None:
     out = json.loads(run.stdout)
     assert "--weight-transfer-backend harness_gloo" in out["engine"]
     assert "--proxy-host" not in out["trainer"] and "torch.distributed.run" not in out["trainer"]
+    assert "--proxy-host" not in out["service"] and "--sandbox" not in out["service"]
     assert out["trainer"].endswith("--harness mini-swe-agent")
+    # CPU: the trainer runs from the project venv too (the gloo sync needs no vLLM in it).
+    venv = str(REPO_ROOT / ".venv" / "bin" / "python")
+    assert out["trainer"].startswith(venv + " -m harness.train")
+    assert out["service"].startswith(venv + " -m harness.serve")
+    assert "--rollout-service http://127.0.0.1:8200" in out["trainer"]
 
 
 def test_a_proxy_on_the_published_address_keeps_its_admin_routes_off_it(tmp_path) -> None:

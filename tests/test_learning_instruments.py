@@ -13,7 +13,6 @@ import struct
 import zlib
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ import pytest
 from harness.learning import (
     before_after_problems,
     before_after_table,
+    eval_task_problems,
     evaluate_split,
     write_png_plot,
     write_reward_curve,
@@ -98,8 +98,9 @@ def test_the_flags_reach_the_trainer_and_stay_off_the_eval_command():
 def test_before_after_settings_are_checked_with_their_fix():
     assert before_after_problems(RunSettings()) == []
     assert before_after_problems(RunSettings(eval_tasks="family:heldout")) == []
-    problems = before_after_problems(RunSettings(eval_tasks="family:nope", weight_sync=False,
-                                                 eval_rollouts_per_task=0))
+    wrong = RunSettings(eval_tasks="family:nope", weight_sync=False, eval_rollouts_per_task=0)
+    # The settings here; the split where rollouts run (harness.preflight.rollout_problems).
+    problems = before_after_problems(wrong) + eval_task_problems(wrong)
     text = "\n".join(problems)
     assert len(problems) == 3
     assert "untrained model" in text and ">= 1" in text and "family:nope" in text
@@ -217,9 +218,18 @@ def test_the_held_out_evaluation_counts_real_verifier_passes(tiny_model_path: Pa
     assert {t.metadata["file"] for t in tasks} & {"answer.txt"}
     settings = RunSettings(eval_tasks=str(FAMILY_DIR / "heldout"), eval_rollouts_per_task=1,
                            max_agent_steps=4, agent_timeout_s=150, max_concurrent_rollouts=4)
+    from harness.factory import HarborSessionFactory
+
     with ScriptedEngine(tiny_model_path, policy) as engine, CaptureServer(engine.url) as proxy:
-        stack = SimpleNamespace(proxy=proxy, engine_url=engine.url)
-        summary = evaluate_split(stack, settings, tasks, tmp_path, "before")
+        def make_factory(split, sampling):
+            return HarborSessionFactory(
+                proxy.admin_url, admin_key=proxy.admin_key, split=split,
+                harness=settings.harness, sandbox=settings.sandbox, llm_url=engine.url,
+                model=settings.served_model_name, sampling=sampling,
+                max_concurrent_rollouts=settings.max_concurrent_rollouts,
+                agent_timeout_s=settings.agent_timeout_s, max_steps=settings.max_agent_steps)
+
+        summary = evaluate_split(make_factory, settings, tasks, tmp_path, "before")
     expected = {t.full_name: int(t.metadata["file"] == "answer.txt") for t in tasks}
     got = {name: row["passed"] for name, row in summary["per_task"].items()}
     assert got == expected, summary

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -60,6 +62,28 @@ def test_the_embedded_cpu_default_trains_one_step_end_to_end(tmp_path: Path) -> 
     summary = check_run_dir(out)
     assert summary["timings"]["engine_start_s"] > 0
     no_engine_left(out / "logs")
+
+
+def test_ctrl_c_stops_the_engine_and_the_rollout_service_it_started(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    log = tmp_path / "train.log"
+    with log.open("w") as sink:
+        train = subprocess.Popen([sys.executable, "-m", "harness.train", *SMALL, "--output-dir",
+                                  str(out)], cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        # The line printed once the engine and the service both serve.
+        while "rollout service" not in log.read_text() and time.monotonic() < deadline:
+            assert train.poll() is None, log.read_text()[-3000:]
+            time.sleep(1)
+        assert (out / "service" / "ready.json").exists(), log.read_text()[-3000:]
+        train.send_signal(signal.SIGINT)  # what Ctrl-C sends the command
+        assert train.wait(timeout=180) == 130, log.read_text()[-3000:]
+    finally:
+        if train.poll() is None:
+            train.kill()
+    assert "interrupted" in log.read_text()
+    no_engine_left(out)  # neither the engine nor the service (both name the run dir)
 
 
 def test_hf_jobs_local_runs_the_same_orchestration_on_cpu(tmp_path: Path) -> None:

@@ -1,5 +1,9 @@
 """The trainer side imports nothing from openenv or harbor, so it can live with vLLM.
 
+And the real `python -m harness.train` keeps it that way: its process (the trainer, the client of
+the local rollout service it starts) never imports openenv, harbor or capture, while the run
+still does everything (rollouts recorded, eval before/after, weight versions at the proxy).
+
 vLLM's NCCL weight sync runs vLLM's trainer-side engine inside the trainer process, and vllm 0.32
 cannot share an environment with openenv 0.10 (mcp pins). So: no module of trainer/ imports
 openenv, harbor, harness or capture, not even lazily (checked on the source); importing all of
@@ -7,7 +11,7 @@ it in the project venv, which has openenv and harbor, pulls neither in; and in t
 (vLLM, no openenv, no harbor) the trainer, its weight-sync modules and vLLM's weight-transfer
 modules import together and the trainer takes a step.
 
-Run: .venv/bin/python -m pytest tests/test_trainer_isolation.py -q
+Run: .venv/bin/python -m pytest tests/test_trainer_isolation.py -q   (the real run: ~3 min here)
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +113,66 @@ def test_the_trainer_and_vllms_weight_transfer_import_together_in_the_engine_ven
     assert "vllm" in result["modules"] and "trainer" in result["modules"]
     assert set(result["modules"]).isdisjoint(FORBIDDEN)
     assert result["version"] == 1.0  # one real update, in the environment vLLM lives in
+
+
+# The real main, with an audit hook that sees every module this process loads (also one loaded
+# and dropped again); sys.modules at the end is checked too.
+RUN_MAIN = """
+import json, sys
+HEAVY = ("openenv", "harbor", "capture")
+loaded = []
+def hook(event, args):
+    if event == "import" and str(args[0]).split(".")[0] in HEAVY:
+        loaded.append(str(args[0]))
+sys.addaudithook(hook)
+from harness.train import main
+rc = main(sys.argv[2:])
+with open(sys.argv[1], "w") as f:
+    json.dump({"rc": rc, "loaded": sorted(set(loaded)),
+               "modules": sorted(m for m in sys.modules if m.split(".")[0] in HEAVY)}, f)
+sys.exit(rc)
+"""
+
+SMALL = ["--harness", "mini-swe-agent", "--steps", "1", "--num-generations", "2",
+         "--max-concurrent-rollouts", "2", "--task-count", "1", "--max-tokens", "96",
+         "--max-agent-steps", "3", "--agent-timeout-s", "120", "--shuffle-rewards",
+         "--eval-tasks", "harness/tasks/bundled/hello-file", "--eval-rollouts-per-task", "1"]
+
+
+@pytest.mark.engine
+@pytest.mark.agents
+@pytest.mark.slow
+def test_the_real_train_command_never_imports_openenv_harbor_or_capture(tmp_path: Path):
+    out, report = tmp_path / "run", tmp_path / "modules.json"
+    run = subprocess.run([sys.executable, "-c", RUN_MAIN, str(report), *SMALL,
+                          "--output-dir", str(out)], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=1200, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    modules = json.loads(report.read_text())
+    assert modules == {"rc": 0, "loaded": [], "modules": []}, modules
+
+    # ...and the run did all it did in one process: the service it started ran the rollouts.
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["rollouts"] >= 2
+    index = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(index) == summary["rollouts"]
+    assert all((out / "rollouts" / r["file"]).exists() for r in index)
+    before_after = json.loads((out / "before_after.json").read_text())
+    assert before_after["shuffled_rewards"] is True
+    assert before_after["before"]["scored"] + before_after["before"]["unscored"] == 1
+    assert before_after["after"]["scored"] + before_after["after"]["unscored"] == 1
+    curve = json.loads((out / "reward_curve.json").read_text())
+    assert curve["shuffled_rewards"] is True and len(curve["steps"]) == 1
+    assert (out / "capture").is_dir()  # the service's proxy logs beside the run, as before
+    # The weight version the engine confirmed reached the service's proxy: the "after" rollouts'
+    # engine calls are stamped with the trainer's last version.
+    metrics = [json.loads(line) for line in
+               (out / "trainer" / "metrics.jsonl").read_text().splitlines()]
+    last_version = int(metrics[-1]["version"])
+    after = [json.loads(f.read_text()) for f in (out / "eval-after" / "rollouts").glob("*.json")]
+    stamps = {t["metadata"]["weight_version_start"]
+              for r in after if r["trace"] for t in r["trace"]["turns"]}
+    assert stamps == {last_version}, (stamps, last_version)
+    assert "service_wait_s" in summary["timings"]
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(out) not in ps, "a process the run started (engine or service) is still alive"

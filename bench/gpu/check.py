@@ -280,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         del trainer
         if cuda:
             torch.cuda.empty_cache()
+    # The layout (issue 17): the trainer side runs without the rollout side's packages, as in
+    # .trainer-venv, where they are not installed at all.
+    report["env"]["rollout_side_modules"] = sorted(
+        {m.split(".")[0] for m in sys.modules} & {"openenv", "harbor", "capture"})
     report["finished"] = time.strftime("%FT%TZ", time.gmtime())
     save()
     print(f"[gpu-check] wrote {out_path}", flush=True)
