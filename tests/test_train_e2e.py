@@ -64,12 +64,19 @@ def test_the_embedded_cpu_default_trains_one_step_end_to_end(tmp_path: Path) -> 
     no_engine_left(out / "logs")
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_engine_and_the_rollout_service_it_started(tmp_path: Path) -> None:
     out = tmp_path / "run"
     log = tmp_path / "train.log"
     with log.open("w") as sink:
+        # SIGINT as a terminal's foreground job has it: a shell without job control (CI, nohup,
+        # `cmd &`) starts background jobs with SIGINT ignored, which Python then keeps ignored.
         train = subprocess.Popen([sys.executable, "-m", "harness.train", *SMALL, "--output-dir",
-                                  str(out)], cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT)
+                                  str(out)], cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT,
+                                 preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 600
         # The line printed once the engine and the service both serve.
