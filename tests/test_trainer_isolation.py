@@ -151,12 +151,21 @@ def test_the_real_train_command_never_imports_openenv_harbor_or_capture(tmp_path
     modules = json.loads(report.read_text())
     assert modules == {"rc": 0, "loaded": [], "modules": []}, modules
 
-    # ...and the run did all it did in one process: the service it started ran the rollouts.
+    # ...and the run did all it did in one process: the service it started ran the rollouts,
+    # the engine it started served them, one step trained, checkpointed and reported.
+    for title in ("Rollouts by cause", "Training steps", "Time per phase"):
+        assert title in run.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["rollouts"] >= 2
+    assert summary["timings"]["engine_start_s"] > 0
     index = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(index) == summary["rollouts"]
     assert all((out / "rollouts" / r["file"]).exists() for r in index)
+    trained = [r for r in index if r["cause"] in ("ok", "model_failure", "timeout")]
+    assert trained, f"no trainable rollout: {[(r['cause'], r['error']) for r in index]}"
+    full = json.loads((out / "rollouts" / trained[0]["file"]).read_text())
+    assert full["trace"]["schema_version"] == 1 and full["trace"]["turns"]
+    assert any((out / "trainer").glob("checkpoint-*")), "no checkpoint written"
     before_after = json.loads((out / "before_after.json").read_text())
     assert before_after["shuffled_rewards"] is True
     assert before_after["before"]["scored"] + before_after["before"]["unscored"] == 1
