@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.errors import TRAINABLE_CAUSES
 from launchers.engine import Engine
 from launchers.paths import REPO_ROOT
 from tests.service_helpers import start_service
@@ -85,7 +86,7 @@ def test_two_services_train_and_one_killed_mid_run_costs_only_its_rollouts(tiny_
         v for k, v in report["counts"].items() if k.startswith("rollouts/")
         and k not in ("rollouts/retries", "rollouts/lost_with_service"))
     assert all((out / "rollouts" / r["file"]).exists() for r in index)
-    trained = [r for r in index if r["cause"] in ("ok", "model_failure", "timeout")]
+    trained = [r for r in index if r["cause"] in TRAINABLE_CAUSES]
     assert trained, "no trainable rollout at all"
     full = json.loads((out / "rollouts" / trained[-1]["file"]).read_text())
     assert full["trace"]["schema_version"] == 1 and full["trace"]["turns"]

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.errors import CAUSES, TRAINABLE_CAUSES
 from harness.eval import run_eval
 from harness.run_config import RunSettings
 from launchers.paths import REPO_ROOT
@@ -42,9 +43,8 @@ def check_run_dir(out: Path) -> dict:
     assert summary["rollouts"] >= 2  # one group of 2 at least (in-flight ones are recorded too)
     records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(records) == summary["rollouts"]
-    assert all(r["cause"] in ("ok", "model_failure", "timeout", "infra_failure", "verifier_failure")
-               for r in records)
-    trained = [r for r in records if r["cause"] in ("ok", "model_failure", "timeout")]
+    assert all(r["cause"] in CAUSES for r in records)
+    trained = [r for r in records if r["cause"] in TRAINABLE_CAUSES]
     assert trained, f"no trainable rollout: {[(r['cause'], r['error']) for r in records]}"
     full = json.loads((out / "rollouts" / trained[0]["file"]).read_text())
     assert full["trace"]["schema_version"] == 1 and full["trace"]["turns"]

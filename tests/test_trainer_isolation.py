@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.errors import CAUSES, TRAINABLE_CAUSES
 from launchers.paths import REPO_ROOT, SetupMissingError, engine_python
 
 FORBIDDEN = ("openenv", "harbor", "harness", "capture")
@@ -161,7 +162,8 @@ def test_the_real_train_command_never_imports_openenv_harbor_or_capture(tmp_path
     index = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(index) == summary["rollouts"]
     assert all((out / "rollouts" / r["file"]).exists() for r in index)
-    trained = [r for r in index if r["cause"] in ("ok", "model_failure", "timeout")]
+    assert all(r["cause"] in CAUSES for r in index)
+    trained = [r for r in index if r["cause"] in TRAINABLE_CAUSES]
     assert trained, f"no trainable rollout: {[(r['cause'], r['error']) for r in index]}"
     full = json.loads((out / "rollouts" / trained[0]["file"]).read_text())
     assert full["trace"]["schema_version"] == 1 and full["trace"]["turns"]
