@@ -42,6 +42,14 @@ TRAIN_ONLY = frozenset({"groups_per_step", "steps", "learning_rate", "resume", "
                         "rollout_service_key_file"})
 
 
+# The tiny models (336k parameters) train at ~1e-3 (LEARNING.md: 64 rollouts a step); with the
+# default's 32 a step, 1e-3 drifted (held-out -15 points, one seed) and 5e-4 held (+0). Either
+# would wreck a pretrained model of billions, so a --model of your own gets a fine-tuning rate.
+TINY_LEARNING_RATE = 5e-4
+MODEL_LEARNING_RATE = 1e-6
+_TINY_MODELS = Path(__file__).resolve().parents[1] / "models"  # the committed tiny models
+
+
 class SettingsError(ValueError):
     """One or more settings are wrong; `.problems` lists each with its fix."""
 
@@ -55,21 +63,26 @@ class RunSettings:
     """Every setting of a train or eval run. Field names match the flags (dashes -> underscores)."""
 
     harness: str = "mini-swe-agent"
-    model: str | None = None  # None: the tiny default model, built locally
-    tasks: str = "bundled"
+    model: str | None = None  # None: the tiny default model, warm-started (models/, committed)
+    tasks: str = "family:train"
     task_count: int | None = None
     sandbox: str = "local"
     engine_url: str | None = None  # None: launch vLLM here
     engine_port: int | None = None
     served_model_name: str = "tiny"
-    num_generations: int = 4
-    groups_per_step: int = 1
-    max_concurrent_rollouts: int = 4
-    steps: int = 3
-    learning_rate: float = 1e-4
+    # The embedded CPU default (README's main command): 12 steps of 4 groups x 8 rollouts.
+    num_generations: int = 8
+    groups_per_step: int = 4
+    max_concurrent_rollouts: int = 6
+    steps: int = 12
+    # None: 5e-4 for the committed tiny models, 1e-6 for a --model of your own (__post_init__).
+    learning_rate: float | None = None
     temperature: float = 1.0
-    max_tokens: int = 256  # per engine call, enforced by the capture proxy
-    max_agent_steps: int = 8  # agent turns per rollout
+    max_tokens: int = 128  # per engine call, enforced by the capture proxy
+    # Agent turns per rollout. None: 1 on the create-file family (one command solves it, and the
+    # warm-started tiny model cannot yet end an episode by itself: launchers/warm_model.py), 8
+    # on any other tasks (__post_init__).
+    max_agent_steps: int | None = None
     agent_timeout_s: float = 180.0
     output_dir: str = "runs/latest"
     reward_fn: str | None = None  # pkg.module:function
@@ -85,11 +98,24 @@ class RunSettings:
     seed: int = 0
     rollouts_per_task: int = 2  # eval only
     shuffle_rewards: bool = False  # the control: rewards permuted within each group
-    eval_tasks: str | None = None  # held-out tasks evaluated before and after training
+    # Held-out tasks evaluated before and after training. "auto": family:heldout when --tasks is
+    # family:train, else none; "none": no evaluation (resolved in __post_init__).
+    eval_tasks: str | None = "auto"
     eval_rollouts_per_task: int = 4
     # Running `python -m harness.serve` services (URL[,URL...]); None: start one here.
     rollout_service: str | None = None
     rollout_service_key_file: str | None = None  # else $HARNESS_SERVICE_KEY
+
+    def __post_init__(self) -> None:
+        if self.learning_rate is None:
+            tiny = self.model is None or Path(self.model).resolve().parent == _TINY_MODELS
+            self.learning_rate = TINY_LEARNING_RATE if tiny else MODEL_LEARNING_RATE
+        if self.max_agent_steps is None:
+            self.max_agent_steps = 1 if self.tasks.startswith("family:") else 8
+        if self.eval_tasks == "auto":
+            self.eval_tasks = "family:heldout" if self.tasks == "family:train" else None
+        elif self.eval_tasks == "none":
+            self.eval_tasks = None
 
     def rollout_service_urls(self) -> list[str]:
         """--rollout-service as a list of URLs ([] when a local service is started)."""
@@ -143,8 +169,10 @@ def _help(name: str) -> str:
     return {
         "harness": f"agent to train: {', '.join(HARNESSES)}",
         "model": "HF model dir, or hub id org/name[@revision] (downloaded once, same commit for "
-                 "engine and trainer; default: the tiny model, built locally)",
-        "tasks": "Harbor tasks: 'bundled', a folder, registry:name@version, or hf:org/repo",
+                 "engine and trainer; default: the committed tiny model warm-started on the "
+                 "create-file family's train tasks, models/tiny-qwen3-create-file)",
+        "tasks": "Harbor tasks: family:train / family:heldout (the generated create-file "
+                 "family), 'bundled', a folder, registry:name@version, or hf:org/repo",
         "task_count": "use only the first N tasks",
         "sandbox": "where rollouts run: local (bubblewrap), docker, e2b, daytona, modal, podman",
         "engine_url": "use this running vLLM server instead of launching one",
@@ -154,10 +182,12 @@ def _help(name: str) -> str:
         "groups_per_step": "groups consumed by one optimizer step",
         "max_concurrent_rollouts": "rollouts in flight at once",
         "steps": "optimizer steps to train",
-        "learning_rate": "AdamW learning rate",
+        "learning_rate": "AdamW learning rate (default: 5e-4 for the committed tiny models, "
+                         "1e-6 for any other --model)",
         "temperature": "sampling temperature (enforced on every agent call)",
         "max_tokens": "completion token cap per engine call (enforced by the proxy)",
-        "max_agent_steps": "agent turns allowed per rollout",
+        "max_agent_steps": "agent turns allowed per rollout (default: 1 on the family:* tasks, "
+                           "8 on others)",
         "agent_timeout_s": "seconds an agent may run before the rollout times out",
         "output_dir": "checkpoints, metrics, traces and outcomes go here",
         "reward_fn": "rollout_reward_fn as pkg.module:function (or file.py:function)",
@@ -175,7 +205,8 @@ def _help(name: str) -> str:
         "shuffle_rewards": "control run: permute rewards within each group, so they no longer "
                            "follow actions (a loop that still learns has a bug)",
         "eval_tasks": "tasks (same forms as --tasks) evaluated before and after training, with a "
-                      "before/after pass-rate table (e.g. family:heldout)",
+                      "before/after pass-rate table; default: family:heldout when --tasks is "
+                      "family:train, else none ('none' skips it)",
         "eval_rollouts_per_task": "rollouts per --eval-tasks task, before and after",
         "rollout_service": "running rollout services (python -m harness.serve) to use, as "
                            "URL[,URL...], instead of the one this command starts; give "

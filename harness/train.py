@@ -4,7 +4,7 @@ This is the recipe (torchtune's word): the one place that wires every room, in t
 start and stop. Nothing here computes; each step is a component from its own room.
 
     1. settings      flags + --config YAML, all problems reported at once (harness.preflight)
-    2. services      tiny model (built locally) -> vLLM engine -> a rollout service pointed at
+    2. services      the model (default: the committed tiny one) -> vLLM engine -> a rollout service pointed at
                      it (`python -m harness.serve`, a child process started while vLLM loads;
                      --rollout-service URL[,URL...] uses running ones instead) (harness.stack)
     3. weight sync   gloo here (vLLM plugin), NCCL on GPUs (trainer.weight_sync); each version
@@ -30,9 +30,10 @@ side lives in the engine). On GPUs the trainer imports vLLM's NCCL weight-transf
 vLLM cannot share a venv with openenv, so the trainer runs from .trainer-venv
 (requirements/trainer-gpu.txt) and the service from .venv (launchers/hf_jobs.py does it all).
 
-The default, `python -m harness.train --harness mini-swe-agent`, trains 3 steps on the bundled
-tasks with the tiny model in a few minutes. On GPUs point --model at a real checkpoint and
---engine-url at vLLM.
+The default, `python -m harness.train --harness mini-swe-agent`, is the learning demonstration on a
+CPU (issue 18): the warm-started tiny model (launchers/warm_model.py) on the create-file family's
+train tasks, the held-out tasks evaluated before and after, the verifier's reward alone. On GPUs
+point --model at a real checkpoint and --engine-url at vLLM.
 """
 
 from __future__ import annotations
@@ -103,19 +104,10 @@ def _eval_task_names(settings: RunSettings, pool: Any) -> list[str] | None:
     return answer
 
 
-TINY_MODEL_REWARD = "examples.reward_fns:shaped_reward"
-
-
 def _reward_choice(settings: RunSettings) -> tuple[str | None, str]:
     """Which rollout_reward_fn this run uses, and why (decided once, printed at start)."""
     if settings.reward_fn:
         return settings.reward_fn, f"--reward-fn {settings.reward_fn}"
-    if settings.model is None and not settings.reward_funcs:
-        # The tiny model knows the tool-call format, not the tasks: verifier rewards are almost
-        # always 0, every group would have zero variance and no step would train. Small format
-        # bonuses for calling tools give GRPO a signal; unscored rollouts stay unscored.
-        return TINY_MODEL_REWARD, (f"{TINY_MODEL_REWARD} (tiny default model: the verifier reward "
-                                   "plus tool-call format bonuses; --reward-fn to change)")
     return None, "the verifier's env_reward as is"
 
 

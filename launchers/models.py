@@ -81,15 +81,17 @@ def resolve_model(spec: str | None, *, endpoint: str | None = None,
                   token: str | bool | None = None) -> ResolvedModel:
     """The local directory every process of the run should load `spec` from.
 
-    None is the tiny default model (committed under models/tiny-qwen3; a run's --seed sets its
-    sampling and training, not which base model it starts from); an existing directory is used as
+    None is the default model: the tiny model warm-started on the create-file family's train
+    tasks (committed under models/tiny-qwen3-create-file by launchers/warm_model.py, its files
+    checked against BUILD.json; a run's --seed sets its sampling and training, not which model it
+    starts from); an existing directory is used as
     is; `org/name[@rev]` is downloaded from the hub (or found in its cache) at one commit.
     `endpoint`/`token` default to huggingface_hub's own (HF_ENDPOINT, HF_TOKEN or the saved login).
     """
     if spec is None:
-        from launchers.tiny_model import build_tiny_model
+        from launchers.warm_model import committed_warm_model
 
-        return ResolvedModel(Path(build_tiny_model()), "tiny")
+        return ResolvedModel(committed_warm_model(), "tiny")
     path = Path(spec).expanduser()
     if path.exists():
         _check_local(path, spec)

@@ -43,8 +43,8 @@ from pathlib import Path
 
 from launchers.paths import REPO_ROOT, cache_dir
 
-__all__ = ["TINY_MODEL_NAME", "CHAT_TEMPLATE", "COMMITTED_MODEL", "TinyModelError", "build_tiny_model", "commit_tiny_model",
-           "committed_tiny_model", "tiny_model_config"]
+__all__ = ["TINY_MODEL_NAME", "CHAT_TEMPLATE", "COMMITTED_MODEL", "TinyModelError", "build_tiny_model",
+           "check_build_hashes", "commit_tiny_model", "committed_tiny_model", "tiny_model_config"]
 
 TINY_MODEL_NAME = "tiny"
 BUILDER_VERSION = 5  # bump when anything below changes what gets built
@@ -248,14 +248,26 @@ def committed_tiny_model(directory: Path = COMMITTED_MODEL) -> Path | None:
     build = json.loads(manifest.read_text())
     if build.get("builder") != BUILDER_VERSION:
         return None
+    check_build_hashes(directory, rebuild="python -m launchers.tiny_model --commit")
+    return directory
+
+
+def check_build_hashes(directory: Path, *, rebuild: str) -> dict:
+    """A committed model's BUILD.json, after checking every file it lists against its sha256.
+
+    Raises TinyModelError naming the file and both fixes (restore it from git, or rebuild it with
+    `rebuild`): a silently different model would make every figure and test about another model.
+    """
+    manifest = directory / _MANIFEST
+    build = json.loads(manifest.read_text())
     for name, digest in build["files"].items():
         path = directory / name
         if not path.is_file() or _sha256(path) != digest:
             raise TinyModelError(
-                f"{path} does not match the sha256 in {manifest}: the committed tiny model was changed "
+                f"{path} does not match the sha256 in {manifest}: the committed model was changed "
                 f"or damaged. Restore it (git checkout -- {directory}) or rebuild it with "
-                "`python -m launchers.tiny_model --commit`.")
-    return directory
+                f"`{rebuild}`.")
+    return build
 
 
 def commit_tiny_model(built: Path, directory: Path = COMMITTED_MODEL) -> Path:

@@ -34,7 +34,8 @@ def alternating_reward(outcome: object) -> float:
 def main(engine_url: str, out: Path, urls: list[str]) -> None:
     from launchers.tiny_model import build_tiny_model
 
-    settings = RunSettings(engine_url=engine_url, steps=3, num_generations=2,
+    settings = RunSettings(engine_url=engine_url, steps=3, num_generations=2, groups_per_step=1,
+                           tasks="bundled",
                            max_concurrent_rollouts=2, max_tokens=96, max_agent_steps=3,
                            agent_timeout_s=120, output_dir=str(out))
     pool = ServicePool(urls)

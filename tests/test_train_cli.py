@@ -46,11 +46,11 @@ def test_flags_override_the_config_file_and_untyped_flags_do_not(tmp_path: Path)
 def test_a_typed_flag_wins_over_the_file_even_when_it_equals_the_default(tmp_path: Path) -> None:
     config = tmp_path / "run.yaml"
     config.write_text("steps: 5\nweight_sync: false\nharness: codex\n")
-    assert RunSettings().steps == 3 and RunSettings().weight_sync is True
-    settings = parse(["--config", str(config), "--steps", "3", "--weight-sync",
+    assert RunSettings().steps == 12 and RunSettings().weight_sync is True
+    settings = parse(["--config", str(config), "--steps", "12", "--weight-sync",
                       "--harness", "mini-swe-agent"])
     # Each typed value equals its default; before, they lost to the file (steps 5, no sync, codex).
-    assert (settings.steps, settings.weight_sync, settings.harness) == (3, True, "mini-swe-agent")
+    assert (settings.steps, settings.weight_sync, settings.harness) == (12, True, "mini-swe-agent")
     untyped = parse(["--config", str(config)])
     assert (untyped.steps, untyped.weight_sync, untyped.harness) == (5, False, "codex")
 
@@ -181,3 +181,18 @@ def test_summary_tables_show_causes_steps_and_phases() -> None:
     history = [{"reward/mean": 0.5, "loss": 0.1, "tokens/trained": 40, "groups/skipped/zero_variance": 1}]
     titles = [t.title for t in summary_tables(records, history, {"engine_start_s": 30.0})]
     assert titles == ["Rollouts by cause", "Training steps", "Time per phase (s)"]
+
+
+def test_the_defaults_resolve_the_learning_rate_and_the_held_out_split_from_the_run() -> None:
+    """The tiny models train at 5e-4; a model of one's own must not get that silently."""
+    tiny = parse([])
+    assert (tiny.model, tiny.learning_rate) == (None, 5e-4)
+    assert (tiny.tasks, tiny.eval_tasks, tiny.max_agent_steps) == (
+        "family:train", "family:heldout", 1)
+    own = parse(["--model", "Qwen/Qwen3-4B", "--tasks", "bundled"])
+    assert own.learning_rate == 1e-6 and own.eval_tasks is None and own.max_agent_steps == 8
+    assert parse(["--model", "Qwen/Qwen3-4B", "--learning-rate", "3e-5"]).learning_rate == 3e-5
+    assert parse(["--model", str(REPO_ROOT / "models" / "tiny-qwen3")]).learning_rate == 5e-4
+    assert parse(["--eval-tasks", "none"]).eval_tasks is None
+    assert parse(["--tasks", "bundled", "--eval-tasks", "family:heldout"]).eval_tasks == (
+        "family:heldout")

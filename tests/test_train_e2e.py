@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.agents, pytest.mark.slow]
 
 SMALL = ["--harness", "mini-swe-agent", "--steps", "1", "--num-generations", "2",
          "--max-concurrent-rollouts", "2", "--task-count", "1", "--max-tokens", "96",
-         "--max-agent-steps", "3", "--agent-timeout-s", "120"]
+         "--max-agent-steps", "3", "--agent-timeout-s", "120", "--groups-per-step", "1",
+         "--eval-tasks", "none"]
 
 
 def no_engine_left(log_dir: Path) -> None:

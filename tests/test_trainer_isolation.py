@@ -137,7 +137,8 @@ sys.exit(rc)
 SMALL = ["--harness", "mini-swe-agent", "--steps", "1", "--num-generations", "2",
          "--max-concurrent-rollouts", "2", "--task-count", "1", "--max-tokens", "96",
          "--max-agent-steps", "3", "--agent-timeout-s", "120", "--shuffle-rewards",
-         "--eval-tasks", "harness/tasks/bundled/hello-file", "--eval-rollouts-per-task", "1"]
+         "--eval-tasks", "harness/tasks/bundled/hello-file", "--eval-rollouts-per-task", "1",
+         "--groups-per-step", "1"]
 
 
 @pytest.mark.engine

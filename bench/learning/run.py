@@ -3,15 +3,16 @@
     .venv/bin/python bench/learning/run.py [--seeds 0 1 2 3] [--out runs/learning]
                                            [--report-only] [-- EXTRA harness.train FLAGS]
 
-Each seed runs `python -m harness.train --harness mini-swe-agent --tasks family:train
---eval-tasks family:heldout --reward-fn examples.reward_fns:env_or_none --seed S` into
-OUT/seed-S, and the same with `--shuffle-rewards` into OUT/control-S (the falsification check:
-rewards permuted within each group no longer follow actions, so a real rise there means a bug).
-Every run writes before_after.json and reward_curve.{json,png} (harness/learning.py); this
-script only reads them and prints the held-out pass rate before and after, per run, against
-issue 18's bar: a rise of >= 20 points in at least 3 of 4 seeds, <= 5 points in every control.
-`--report-only` re-reads OUT without running anything. Runs go one after another: this machine
-has 2 cores, and concurrent runs would measure each other's load.
+Each seed runs the README's main command, `python -m harness.train --harness mini-swe-agent
+--seed S` (its defaults: the warm-started tiny model, family:train, family:heldout evaluated
+before and after, the verifier's reward alone) into OUT/seed-S, and the same with
+`--shuffle-rewards` into OUT/control-S (the falsification check: rewards permuted within each
+group no longer follow actions, so a real rise there means a bug). Every run writes
+before_after.json and reward_curve.{json,png} (harness/learning.py); this script only reads them
+and prints the held-out pass rate before and after, per run, against issue 18's bar: a rise of
+>= 20 points in at least 3 of 4 seeds, <= 5 points in every control. `--report-only` re-reads
+OUT without running anything. Runs go one after another: this machine has 2 cores, and
+concurrent runs would measure each other's load.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ RISE_POINTS = 20.0  # issue 18: the held-out pass rate rises by >= 20 points ...
 RISE_SEEDS = 3  # ... in at least 3 of 4 seeds
 CONTROL_MAX_POINTS = 5.0  # ... and the shuffled control by no more than 5 in any
 
-BASE_FLAGS = ["--harness", "mini-swe-agent", "--tasks", "family:train",
-              "--eval-tasks", "family:heldout", "--reward-fn", "examples.reward_fns:env_or_none"]
+BASE_FLAGS = ["--harness", "mini-swe-agent"]
 
 
 def run_name(seed: int, control: bool) -> str:

@@ -25,6 +25,19 @@ Measured 2026-11-29 (2 cores, load average 9-19 from other test runs; --n 8, --m
     opencode        1        1.6           37.5 s          752 ms           2.2%
     opencode        4        3.3           72.7 s         1048 ms           1.4%
     opencode        8        3.9          122.4 s         2238 ms           2.0%  (some hit 120 s)
+Measured 2026-12-01 (2 cores, load average 6.4-8.7 after a training run; --n 8, --max-steps 3,
+c=4; mini-swe-agent[litellm] is mini-swe-agent with its own litellm model client, as before
+issue 18; mini-swe-agent is Harness's default since, agents/in_sandbox/harness_mswea_model.py):
+    agent                     c   rollouts/min   median total   median harness   harness / total
+    mini-swe-agent[litellm]   4        9.3           25.2 s          383 ms           1.6%
+    mini-swe-agent            4       68.3            3.5 s          335 ms           9.4%
+    opencode                  4        5.9           39.7 s          884 ms           2.2%
+    claude-code               4       46.3            5.1 s          446 ms           8.4%
+    codex                     4       71.7            3.2 s          658 ms          19.8%
+The same day on a quiet machine (load 0.7): mini-swe-agent[litellm] 6.2 (c=1) and 10.6 (c=4)
+rollouts/min, mini-swe-agent 44.6 (c=1) and 75.6 (c=4): 7.1x at c=4. opencode's own loop is
+now the slowest agent by far. The harness share rises as the agents get faster; codex's is
+at the target's edge under this load.
 Sandbox start + teardown median: 216 ms (mini, c=1) to 447 ms (opencode, c=8) under that load,
 against the 100 ms target; bench/sandbox_startup.py measures it alone. The agent CLIs dominate:
 mini-swe-agent's Python start-up (litellm import) and opencode's loop, on 2 busy cores.
@@ -44,6 +57,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from capture.fake_engine import FakeEngine  # noqa: E402
+from harness.agents.mini_swe_agent import MiniSweAgent  # noqa: E402
 from harness.factory import HarborSessionFactory  # noqa: E402
 from harness.tasks import BUNDLED_DIR  # noqa: E402
 
@@ -61,10 +75,13 @@ async def _batch(factory: HarborSessionFactory, n: int) -> tuple[float, list]:
 
 
 def run(agent: str, engine_url: str, n: int, concurrency: int, max_steps: int) -> dict[str, float]:
+    # "mini-swe-agent[litellm]": the same agent with mini-swe-agent's own litellm model client.
+    name, _, client = agent.partition("[")
+    MiniSweAgent.MODEL_CLIENT = client.rstrip("]") or "direct"  # type: ignore[assignment]
     factory = HarborSessionFactory(
         None,
         split=[BUNDLED_DIR / "hello-file"],
-        harness=agent,
+        harness=name,
         llm_url=engine_url,
         sampling={"temperature": 1.0},
         max_steps=max_steps,
@@ -92,17 +109,20 @@ def run(agent: str, engine_url: str, n: int, concurrency: int, max_steps: int) -
     }
     phases = "  ".join(f"{p} {_ms([t[p] for t in timings if p in t])}" for p in HARNESS_PHASES)
     print(
-        f"{agent:15s} c={concurrency}  {row['per_min']:6.1f} rollouts/min  "
+        f"{agent:24s} c={concurrency}  {row['per_min']:6.1f} rollouts/min  "
         f"total {row['total']:5.2f} s  agent {row['agent']:5.2f} s  harness "
         f"{row['harness'] * 1000:5.0f} ms  ratio {row['ratio']:5.1%}  causes {sorted(causes)}"
     )
-    print(f"{'':15s}      {phases}")
+    print(f"{'':24s}      {phases}")
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agents", nargs="+", default=["mini-swe-agent", "opencode"])
+    parser.add_argument(
+        "--agents", nargs="+", default=["mini-swe-agent[litellm]", "mini-swe-agent", "opencode"],
+        help="agent names; mini-swe-agent[litellm] runs it with its own litellm model client",
+    )
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 8])
     parser.add_argument("--n", type=int, default=8, help="rollouts per (agent, concurrency)")
     parser.add_argument("--max-steps", type=int, default=3)

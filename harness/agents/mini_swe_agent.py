@@ -7,6 +7,11 @@ with `MSWEA_COST_TRACKING=ignore_errors` (the tiny model has no price) and
 YAML config file under HOME rather than onto the command line, where `ps` would show it.
 Step limit: `agent.step_limit`; `--exit-immediately` so it never waits for a confirmation.
 
+Its model client is `harness_mswea_model.ChatCompletionsModel` (agents/in_sandbox/), loaded
+through mini-swe-agent's public `model.model_class` setting from a copy written under HOME like
+the config: the same request bodies as its default litellm client (tested turn by turn), without
+litellm's 6-8 s of import CPU at every start, most of a tiny-model rollout's cost on a CPU.
+
 Preinstalled, it runs as `<mswea venv>/bin/python -m minisweagent.run.mini`: the venv's console
 scripts carry an absolute shebang that breaks when the cache is moved; the interpreter does not.
 """
@@ -15,13 +20,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from harness.agents.base import Dialect, HarnessAgent
 
 __all__ = ["MiniSweAgent"]
 
 _CONFIG = ".config/mini-swe-agent/harness.yaml"
+_PLUGIN_DIR = ".config/mini-swe-agent/harness-plugin"
+_PLUGIN = Path(__file__).with_name("in_sandbox") / "harness_mswea_model.py"
 
 
 class MiniSweAgent(HarnessAgent):
@@ -30,6 +37,8 @@ class MiniSweAgent(HarnessAgent):
     CLI: ClassVar[str] = "mini"
     HARBOR_AGENT: ClassVar[str] = "harbor.agents.installed.mini_swe_agent:MiniSweAgent"
     INSTALLED_BINARY: ClassVar[str] = "mini-swe-agent"
+    # "litellm": mini-swe-agent's own default client (bench/rollouts measures both).
+    MODEL_CLIENT: ClassVar[Literal["direct", "litellm"]] = "direct"
 
     @staticmethod
     def name() -> str:
@@ -64,7 +73,7 @@ class MiniSweAgent(HarnessAgent):
 
     def config_files(self) -> dict[str, str]:
         # JSON is YAML: no YAML writer needed, and every string is quoted safely.
-        config = {
+        config: dict = {
             "model": {
                 "model_kwargs": {
                     "api_base": self.endpoint_url,
@@ -74,7 +83,13 @@ class MiniSweAgent(HarnessAgent):
             },
             "agent": {"step_limit": self.max_steps, "cost_limit": 0},
         }
-        return {_CONFIG: json.dumps(config, indent=2)}
+        if self.MODEL_CLIENT == "litellm":
+            return {_CONFIG: json.dumps(config, indent=2)}
+        config["model"]["model_class"] = f"{_PLUGIN.stem}.ChatCompletionsModel"
+        return {
+            _CONFIG: json.dumps(config, indent=2),
+            f"{_PLUGIN_DIR}/{_PLUGIN.name}": _PLUGIN.read_text(),
+        }
 
     def env(self) -> dict[str, str]:
         return {
@@ -83,6 +98,8 @@ class MiniSweAgent(HarnessAgent):
             "MSWEA_SILENT_STARTUP": "1",
             "MSWEA_GLOBAL_CONFIG_DIR": f"{self.home}/.config/mini-swe-agent",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "PYTHONPATH": f"{self.home}/{_PLUGIN_DIR}",
+            "PYTHONDONTWRITEBYTECODE": "1",
         }
 
     def command(self, instruction: str) -> list[str]:

@@ -1,0 +1,314 @@
+"""The default model: the tiny model warm-started on the create-file family's *train* instances.
+
+Why it exists (issue 18 item 4): the committed tiny model (launchers/tiny_model.py) knows the
+agent format, not the tasks, and scores 0% on the create-file family (harness/tasks/family.py)
+with mini-swe-agent; GRPO from 0% does not move (/work/shared/LEARNING.md). This builds the model
+`python -m harness.train` starts from by supervised fine-tuning on traces *captured through the
+capture proxy*, the path a user takes to distil a stronger policy's rollouts into a model before
+RL:
+
+1. capture: a scripted policy (tests/scripted_engine.py: prompt ids are the tiny tokenizer's
+   rendering of each request, as vLLM's) solves every *train* instance through the real
+   mini-swe-agent CLI, the capture proxy, bubblewrap and the real verifiers. Held-out instances
+   are never captured and never trained on: what the model learns to do on them it must get by
+   reading their instruction (their (name, word) pairs occur in no train instance).
+2. SFT (plain torch, loss on completion tokens only, first turns), the curriculum LEARNING.md
+   found: `short_steps` on the prompt cut right after the instruction, then `full_steps` on the
+   whole prompt. The short stage teaches copying NAME and WORD; the full stage, finding them
+   ~1,000 tokens before the end of mini-swe-agent's real prompt.
+3. probe: T=1 samples of the first turn for every train and held-out prompt (a held-out prompt is
+   a train prompt with its instruction swapped, exact because the ids round-trip through the
+   tokenizer); a pass is the tool call `echo WORD > NAME` for that instance.
+
+The probe's figures go into BUILD.json. They are first turns only; what a whole episode scores is
+`harness.train`'s "before" evaluation. The target is the band where GRPO has room to move
+(LEARNING.md: 20-40% held-out), not the highest score: more SFT steps on the full prompt take
+held-out past 50% and leave RL little to show.
+
+The result is committed under models/tiny-qwen3-create-file/ (1.3 MB of weights, BUILD.json with
+every file's sha256, checked each time it is used) so every machine trains the same bytes and
+set-up builds nothing:
+
+    .venv/bin/python -m launchers.warm_model --commit      # ~5 min on 2 cores
+    .venv/bin/python -m launchers.warm_model --out DIR     # build elsewhere, print the probe
+
+Measured 2026-12-01 (2 cores, quiet; 4 T=1 samples per prompt, so 48 held-out and 144 train
+samples, +-6-7 points of standard error): the tiny model before SFT, held-out 0%, train 0%,
+well-formed calls 62-66%; after 300 short + 100 full steps, held-out 21-31%, train 67-68%, 100%
+well-formed. Capture: 36 of 36 scripted rollouts passed their verifier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from launchers.paths import REPO_ROOT
+from launchers.tiny_model import TinyModelError, build_tiny_model, check_build_hashes
+
+__all__ = ["WARM_MODEL", "build_warm_model", "committed_warm_model"]
+
+WARM_MODEL = REPO_ROOT / "models" / "tiny-qwen3-create-file"
+REBUILD = "python -m launchers.warm_model --commit"
+SHORT_STEPS, FULL_STEPS, LR, BATCH, SEED = 300, 100, 2e-3, 8, 0
+_ASSIST = "<|im_end|>\n<|im_start|>assistant\n"
+_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+def committed_warm_model(directory: Path = WARM_MODEL) -> Path:
+    """The committed warm-started model, every file checked against its BUILD.json sha256."""
+    if not (directory / "BUILD.json").exists():
+        raise TinyModelError(f"{directory} has no BUILD.json: restore it (git checkout -- "
+                             f"{directory}) or rebuild it with `{REBUILD}`")
+    check_build_hashes(directory, rebuild=REBUILD)
+    return directory
+
+
+def capture_train_traces(out: Path) -> list[dict]:
+    """Scripted solutions of every train instance, captured through the real stack (step 1)."""
+    from capture import CaptureServer
+    from harness.factory import HarborSessionFactory
+    from harness.run_records import RecordingFactory
+    from harness.tasks.family import family_tasks
+    from tests.scripted_engine import ScriptedEngine, shell_tool_name, tool_call
+
+    tasks = family_tasks("train")
+    by_instruction = {t.instruction.strip(): t.metadata for t in tasks}
+
+    def policy(request: dict) -> str:
+        name = shell_tool_name(request)
+        if any(m.get("role") == "tool" for m in request["messages"]):
+            return tool_call(name, command=_SUBMIT)
+        text = json.dumps(request["messages"])
+        meta = next(m for i, m in by_instruction.items() if json.dumps(i)[1:-1] in text)
+        return tool_call(name, command=f"echo {meta['word']} > {meta['file']}")
+
+    with ScriptedEngine(build_tiny_model(), policy) as engine, CaptureServer(engine.url) as proxy:
+        factory = RecordingFactory(HarborSessionFactory(
+            proxy.admin_url, admin_key=proxy.admin_key, split=tasks, harness="mini-swe-agent",
+            llm_url=engine.url, model="tiny", sampling={"temperature": 1.0, "max_tokens": 256},
+            max_concurrent_rollouts=4, agent_timeout_s=150, max_steps=4), out)
+
+        async def run_all() -> None:
+            await asyncio.gather(*(factory.rollout(seed=i) for i in range(len(tasks))))
+
+        try:
+            asyncio.run(run_all())
+        finally:
+            factory.close()
+    # The full records (trace included) are the files; factory.records holds their index lines.
+    # Sorted by task: the files are numbered in finishing order, which varies from run to run,
+    # and the SFT batches are drawn from this order by a seeded generator.
+    records = sorted((json.loads(p.read_text()) for p in (out / "rollouts").glob("*.json")),
+                     key=lambda r: r["task_id"])
+    failed = [r["task_id"] for r in records if (r["env_reward"] or 0) < 1 or not r["trace"]]
+    if failed or len(records) != len(tasks):
+        raise RuntimeError(f"the scripted policy failed {failed} ({len(records)} of {len(tasks)} "
+                           "recorded): its traces would teach failure")
+    return records
+
+
+class _Trainer:
+    """SFT and the probe on one model (steps 2 and 3)."""
+
+    def __init__(self, base: Path, records: list[dict], seed: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from harness.tasks.family import family_tasks
+
+        self.torch = torch
+        torch.manual_seed(seed)
+        self.rng = random.Random(seed)
+        self.tok = AutoTokenizer.from_pretrained(base)
+        self.model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        self.eos = self.tok.convert_tokens_to_ids("<|im_end|>")
+        self.pad = self.tok.pad_token_id or 0
+        tasks = family_tasks("train") + family_tasks("heldout")
+        self.meta = {t.full_name: t.metadata for t in tasks}
+        self.instr = {t.full_name: t.instruction.strip() for t in tasks}
+        self.first: dict[str, tuple[str, list[int]]] = {}  # train task -> (prompt, completion)
+        self.second: list[tuple[list[int], list[int]]] = []  # (prompt, the submit call)
+        for record in records:
+            first, second = record["trace"]["turns"][:2]
+            self.first[record["task_id"]] = (self._text(first["prompt_token_ids"]),
+                                             first["completion_token_ids"])
+            self.second.append((second["prompt_token_ids"], second["completion_token_ids"]))
+        src, (src_text, _) = next(iter(sorted(self.first.items())))
+        self.heldout = {t: src_text.replace(self.instr[src], self.instr[t]) for t in self.meta
+                        if self.meta[t]["split"] == "heldout"}
+
+    def _text(self, ids: list[int]) -> str:
+        text = self.tok.decode(ids, skip_special_tokens=False)
+        if self.tok.encode(text, add_special_tokens=False) != ids:
+            raise RuntimeError("a captured prompt does not round-trip through the tokenizer")
+        return text
+
+    def _prompt(self, text: str, task: str, short: bool) -> list[int]:
+        if short:
+            cut = text.index(self.instr[task]) + len(self.instr[task])
+            text = text[:cut] + _ASSIST
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def sft(self, steps: int, *, short: bool, lr: float, log: Any,
+            data: list[tuple[list[int], list[int]]] | None = None, stage: str = "") -> None:
+        torch = self.torch
+        if data is None:
+            data = [(self._prompt(text, t, short), c) for t, (text, c) in sorted(self.first.items())]
+        opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        started = time.monotonic()
+        for step in range(1, steps + 1):
+            batch = self.rng.sample(data, min(BATCH, len(data)))
+            width = max(len(p) + len(c) for p, c in batch)
+            ids = torch.full((len(batch), width), self.pad)
+            labels = torch.full((len(batch), width), -100)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, (p, c) in enumerate(batch):
+                ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+                mask[i, :len(p) + len(c)] = 1
+                labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+            loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            opt.step()
+            if step % 50 == 0 or step == steps:
+                log(f"  {stage or ('short' if short else 'full') + ' prompt'}, step {step}/{steps}: loss "
+                    f"{loss.item():.3f} ({time.monotonic() - started:.0f} s)")
+
+    def probe(self, split: str, samples: int) -> dict:
+        """First-turn pass rate at T=1 on the whole prompt: {"pass": r, "formed": r, "n": n}."""
+        torch = self.torch
+        texts = self.heldout if split == "heldout" else {t: v[0] for t, v in self.first.items()}
+        ok = formed = total = 0
+        self.model.eval()
+        with torch.no_grad():
+            for task, text in sorted(texts.items()):
+                prompt = self._prompt(text, task, short=False)
+                ids = torch.tensor([prompt])
+                outs = self.model.generate(
+                    ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                    top_k=0, top_p=1.0, max_new_tokens=48, num_return_sequences=samples,
+                    pad_token_id=self.pad, eos_token_id=self.eos)
+                for out in outs:
+                    total += 1
+                    found = re.search(r'"command": "(.*?)"\}\}\n</tool_call>',
+                                      self.tok.decode(out[len(prompt):], skip_special_tokens=False))
+                    formed += found is not None
+                    meta = self.meta[task]
+                    want = rf"echo {meta['word']} > (/app/)?{re.escape(meta['file'])}"
+                    ok += bool(found and re.fullmatch(want, found.group(1).strip()))
+        self.model.train()
+        return {"pass": round(ok / total, 3), "formed": round(formed / total, 3), "n": total}
+
+    def probe_submit(self, samples: int) -> dict:
+        """Second turns at T=1: the share that is exactly the submit command."""
+        torch = self.torch
+        ok = total = 0
+        self.model.eval()
+        with torch.no_grad():
+            for prompt, _ in self.second[::3]:
+                ids = torch.tensor([prompt])
+                outs = self.model.generate(
+                    ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                    top_k=0, top_p=1.0, max_new_tokens=48, num_return_sequences=samples,
+                    pad_token_id=self.pad, eos_token_id=self.eos)
+                for out in outs:
+                    total += 1
+                    ok += f'"command": "{_SUBMIT}"' in self.tok.decode(
+                        out[len(prompt):], skip_special_tokens=False)
+        self.model.train()
+        return {"submit": round(ok / total, 3), "n": total}
+
+
+def build_warm_model(out: Path, *, seed: int = SEED, short_steps: int = SHORT_STEPS,
+                     full_steps: int = FULL_STEPS, lr: float = LR, samples: int = 4,
+                     log: Any = print) -> dict:
+    """Capture, SFT and probe into `out` (an HF model dir); returns the build record."""
+    import torch
+
+    torch.set_num_threads(2)
+    base = build_tiny_model()
+    with tempfile.TemporaryDirectory(prefix="warm-capture-") as scratch:
+        log("capturing scripted solutions of the train instances (real mini-swe-agent) ...")
+        records = capture_train_traces(Path(scratch))
+    trainer = _Trainer(base, records, seed)
+    before = {s: trainer.probe(s, samples) for s in ("heldout", "train")}
+    log(f"before SFT: {before}")
+    trainer.sft(short_steps, short=True, lr=lr, log=log)
+    # The whole prompt, first turns and second turns (after the command's output, the submit
+    # call) mixed: the mix kept the full stage from memorising the train pairs (probe: train 27%
+    # / held-out 29% mixed, against 67% / 21-31% on first turns alone). The tiny model still
+    # garbles the long submit string (second_turn below); 60 more steps on second turns alone
+    # made it exact (96%) but took the first turn down to 6-10%, below where GRPO moves, so the
+    # CPU default runs one agent step on this family (harness/run_config.py).
+    trainer.sft(full_steps, short=False, lr=lr, log=log, stage="full prompt, both turns",
+                data=[(trainer._prompt(text, t, False), c)
+                      for t, (text, c) in sorted(trainer.first.items())] + trainer.second)
+    after = {s: trainer.probe(s, samples) for s in ("heldout", "train")}
+    after["second_turn"] = trainer.probe_submit(samples)
+    log(f"after SFT: {after}")
+    out.mkdir(parents=True, exist_ok=True)
+    trainer.model.save_pretrained(out)
+    trainer.tok.save_pretrained(out)
+    for name in ("chat_template.jinja", "generation_config.json"):
+        if (base / name).exists():
+            shutil.copy(base / name, out / name)
+    return {"base": base.name, "seed": seed, "short_steps": short_steps,
+            "full_steps": full_steps, "lr": lr, "captured_rollouts": len(records),
+            "first_turn_probe": {"before": before, "after": after}}
+
+
+def commit(built: Path, record: dict, directory: Path = WARM_MODEL) -> Path:
+    import hashlib
+
+    import torch
+
+    staging = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(built, staging)
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(staging.iterdir()) if p.is_file()}
+    (staging / "BUILD.json").write_text(json.dumps(
+        {**record, "torch": torch.__version__, "built_by": REBUILD, "files": files}, indent=1)
+        + "\n")
+    shutil.rmtree(directory, ignore_errors=True)
+    staging.rename(directory)
+    return directory
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launchers.warm_model",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--commit", action="store_true", help=f"write the result to {WARM_MODEL}")
+    parser.add_argument("--out", type=Path, help="build into this directory instead")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--short-steps", type=int, default=SHORT_STEPS)
+    parser.add_argument("--full-steps", type=int, default=FULL_STEPS)
+    parser.add_argument("--lr", type=float, default=LR)
+    args = parser.parse_args(argv)
+    if not args.commit and args.out is None:
+        parser.error("give --commit or --out DIR")
+    with tempfile.TemporaryDirectory(prefix="warm-model-") as scratch:
+        out = args.out or Path(scratch) / "model"
+        record = build_warm_model(out, seed=args.seed, short_steps=args.short_steps,
+                                  full_steps=args.full_steps, lr=args.lr)
+        if args.commit:
+            print(commit(out, record))
+        else:
+            (out / "BUILD.json").write_text(json.dumps(record, indent=1) + "\n")
+            print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
