@@ -12,8 +12,8 @@
 #   .tools        the npm agent CLIs: opencode, claude, codex (project-local, never global)
 #   .mswea-venv   mini-swe-agent in its own venv (its litellm pins are not ours to carry)
 # plus the apt packages (bubblewrap for the sandboxes, chromium for the viewer's browser test),
-# and a check of the tiny default model (committed under models/tiny-qwen3: the same bytes on every
-# machine, no 17-minute build).
+# and a check of the tiny models (committed under models/: the same bytes on every machine, no
+# 17-minute build): tiny-qwen3 and the default, its warm start tiny-qwen3-create-file.
 #
 # Why a cache outside the checkout: a venv with torch is ~6 GB and takes minutes; CI runs in a
 # fresh clone on the same machine, so keying venvs by their requirements lets it reuse them in
@@ -160,9 +160,12 @@ if [ -e .trainer-venv ]; then
 fi
 
 # --- 6. tiny model -------------------------------------------------------------------------------
-STEP="6/6 tiny default model (committed under models/tiny-qwen3 and hash-checked; rebuilt, ~17 min, only if absent)"
+STEP="6/6 tiny models (committed under models/, hash-checked; the base is rebuilt, ~17 min, only if absent)"
 LOG="$LOGS/tiny-model.log"
 say "$STEP (progress: tail -f $LOG)"
 .venv/bin/python -m launchers.tiny_model >"$LOG" 2>&1
+# The default model the main command trains: the base warm-started on the create-file family.
+.venv/bin/python -c "from launchers.warm_model import committed_warm_model as m; print(m())" \
+  >>"$LOG" 2>&1
 trap - ERR
 say "ready: $(tail -n 1 "$LOG")"
