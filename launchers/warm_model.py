@@ -12,10 +12,11 @@ RL:
    mini-swe-agent CLI, the capture proxy, bubblewrap and the real verifiers. Held-out instances
    are never captured and never trained on: what the model learns to do on them it must get by
    reading their instruction (their (name, word) pairs occur in no train instance).
-2. SFT (plain torch, loss on completion tokens only, first turns), the curriculum LEARNING.md
-   found: `short_steps` on the prompt cut right after the instruction, then `full_steps` on the
-   whole prompt. The short stage teaches copying NAME and WORD; the full stage, finding them
-   ~1,000 tokens before the end of mini-swe-agent's real prompt.
+2. SFT (plain torch, loss on completion tokens only), the curriculum LEARNING.md found:
+   `short_steps` of first turns on the prompt cut right after the instruction, then
+   `full_steps` on the whole prompt, first turns and second turns (the submit call) mixed. The
+   short stage teaches copying NAME and WORD; the full stage, finding them ~1,000 tokens before
+   the end of mini-swe-agent's real prompt.
 3. probe: T=1 samples of the first turn for every train and held-out prompt (a held-out prompt is
    a train prompt with its instruction swapped, exact because the ids round-trip through the
    tokenizer); a pass is the tool call `echo WORD > NAME` for that instance.
@@ -32,10 +33,13 @@ set-up builds nothing:
     .venv/bin/python -m launchers.warm_model --commit      # ~5 min on 2 cores
     .venv/bin/python -m launchers.warm_model --out DIR     # build elsewhere, print the probe
 
-Measured 2026-12-01 (2 cores, quiet; 4 T=1 samples per prompt, so 48 held-out and 144 train
-samples, +-6-7 points of standard error): the tiny model before SFT, held-out 0%, train 0%,
-well-formed calls 62-66%; after 300 short + 100 full steps, held-out 21-31%, train 67-68%, 100%
-well-formed. Capture: 36 of 36 scripted rollouts passed their verifier.
+Measured 2026-12-01 (2 cores; 4 T=1 samples per prompt, so 48 held-out and 144 train samples,
++-6-7 points of standard error): the tiny model before SFT, held-out 0%, train 0%, well-formed
+calls 67-69%; the committed build (300 short + 100 mixed full steps), held-out 23%, train 21%,
+98-100% well-formed, the exact submit call on 29% of second turns. First turns alone in the
+full stage gave train 67-68% and held-out 21-31% (memorised pairs). Capture: 36 of 36 scripted
+rollouts passed their verifier. Held-out through the whole agent (the main command's "before"):
+15-27%.
 """
 
 from __future__ import annotations
