@@ -191,47 +191,36 @@ class _Trainer:
 
     def probe(self, split: str, samples: int) -> dict:
         """First-turn pass rate at T=1 on the whole prompt: {"pass": r, "formed": r, "n": n}."""
-        torch = self.torch
         texts = self.heldout if split == "heldout" else {t: v[0] for t, v in self.first.items()}
         ok = formed = total = 0
-        self.model.eval()
-        with torch.no_grad():
-            for task, text in sorted(texts.items()):
-                prompt = self._prompt(text, task, short=False)
-                ids = torch.tensor([prompt])
-                outs = self.model.generate(
-                    ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                    top_k=0, top_p=1.0, max_new_tokens=48, num_return_sequences=samples,
-                    pad_token_id=self.pad, eos_token_id=self.eos)
-                for out in outs:
-                    total += 1
-                    found = re.search(r'"command": "(.*?)"\}\}\n</tool_call>',
-                                      self.tok.decode(out[len(prompt):], skip_special_tokens=False))
-                    formed += found is not None
-                    meta = self.meta[task]
-                    want = rf"echo {meta['word']} > (/app/)?{re.escape(meta['file'])}"
-                    ok += bool(found and re.fullmatch(want, found.group(1).strip()))
-        self.model.train()
+        for task, text in sorted(texts.items()):
+            meta = self.meta[task]
+            want = rf"echo {meta['word']} > (/app/)?{re.escape(meta['file'])}"
+            for reply in self._sample(self._prompt(text, task, short=False), samples):
+                total += 1
+                found = re.search(r'"command": "(.*?)"\}\}\n</tool_call>', reply)
+                formed += found is not None
+                ok += bool(found and re.fullmatch(want, found.group(1).strip()))
         return {"pass": round(ok / total, 3), "formed": round(formed / total, 3), "n": total}
 
     def probe_submit(self, samples: int) -> dict:
         """Second turns at T=1: the share that is exactly the submit command."""
+        replies = [r for prompt, _ in self.second[::3] for r in self._sample(prompt, samples)]
+        ok = sum(f'"command": "{_SUBMIT}"' in r for r in replies)
+        return {"submit": round(ok / len(replies), 3), "n": len(replies)}
+
+    def _sample(self, prompt: list[int], samples: int) -> list[str]:
+        """`samples` T=1 completions of `prompt`, decoded with their markup."""
         torch = self.torch
-        ok = total = 0
         self.model.eval()
         with torch.no_grad():
-            for prompt, _ in self.second[::3]:
-                ids = torch.tensor([prompt])
-                outs = self.model.generate(
-                    ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                    top_k=0, top_p=1.0, max_new_tokens=48, num_return_sequences=samples,
-                    pad_token_id=self.pad, eos_token_id=self.eos)
-                for out in outs:
-                    total += 1
-                    ok += f'"command": "{_SUBMIT}"' in self.tok.decode(
-                        out[len(prompt):], skip_special_tokens=False)
+            ids = torch.tensor([prompt])
+            outs = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                top_k=0, top_p=1.0, max_new_tokens=48, num_return_sequences=samples,
+                pad_token_id=self.pad, eos_token_id=self.eos)
         self.model.train()
-        return {"submit": round(ok / total, 3), "n": total}
+        return [self.tok.decode(out[len(prompt):], skip_special_tokens=False) for out in outs]
 
 
 def build_warm_model(out: Path, *, seed: int = SEED, short_steps: int = SHORT_STEPS,
