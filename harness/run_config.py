@@ -101,7 +101,7 @@ class RunSettings:
     # Held-out tasks evaluated before and after training. "auto": family:heldout when --tasks is
     # family:train, else none; "none": no evaluation (resolved in __post_init__).
     eval_tasks: str | None = "auto"
-    eval_rollouts_per_task: int = 4
+    eval_rollouts_per_task: int = 8  # 96 on the held-out family: +-4-5 points a side
     # Running `python -m harness.serve` services (URL[,URL...]); None: start one here.
     rollout_service: str | None = None
     rollout_service_key_file: str | None = None  # else $HARNESS_SERVICE_KEY

@@ -12,34 +12,45 @@ RL:
    mini-swe-agent CLI, the capture proxy, bubblewrap and the real verifiers. Held-out instances
    are never captured and never trained on: what the model learns to do on them it must get by
    reading their instruction (their (name, word) pairs occur in no train instance).
-2. SFT (plain torch, loss on completion tokens only), the curriculum LEARNING.md found:
-   `short_steps` of first turns on the prompt cut right after the instruction, then
-   `full_steps` on the whole prompt, first turns and second turns (the submit call) mixed. The
-   short stage teaches copying NAME and WORD; the full stage, finding them ~1,000 tokens before
-   the end of mini-swe-agent's real prompt.
+2. SFT (plain torch, loss on completion tokens only), LEARNING.md's curriculum in three stages,
+   each on the 36 captured first turns plus `synthetic_count` instructions whose words and names
+   come from outside the family (`synthetic_instructions`): `bare_steps` on the instruction
+   alone under a one-line system prompt (copying NAME and WORD is learnt here, ~60 tokens a
+   row), `short_steps` on the captured prompt cut right after the instruction (after
+   mini-swe-agent's system prompt), then `full_steps` on the whole prompt (the instruction
+   ~1,000 tokens before its end), first turns and second turns (the submit call) mixed.
 3. probe: T=1 samples of the first turn for every train and held-out prompt (a held-out prompt is
    a train prompt with its instruction swapped, exact because the ids round-trip through the
-   tokenizer); a pass is the tool call `echo WORD > NAME` for that instance.
+   tokenizer); a pass is the tool call `echo WORD > NAME` for that instance, and the word and
+   the file right are counted apart.
 
 The probe's figures go into BUILD.json. They are first turns only; what a whole episode scores is
 `harness.train`'s "before" evaluation. The target is the band where GRPO has room to move
-(LEARNING.md: 20-40% held-out), not the highest score: more SFT steps on the full prompt take
-held-out past 50% and leave RL little to show.
+(LEARNING.md: 20-40% held-out) with the model reading the instruction, not the highest score.
+
+Why the synthetic instructions: trained on the 36 train instances alone (4 words, 4 names), the
+model fits pairs instead of reading. That build named the held-out word 19% of the time (chance:
+25%) and the file 82%; RL then moved it toward the words the train pairs favour, and held-out
+fell (27% -> 12%). The bare stage alone, without synthetic words, reached 92% held-out on the
+bare prompt but kept the word at 46% once the whole prompt came back, train 66% (memorised).
+With 600 synthetic instructions the model names the held-out word 94% of the time.
 
 The result is committed under models/tiny-qwen3-create-file/ (1.3 MB of weights, BUILD.json with
 every file's sha256, checked each time it is used) so every machine trains the same bytes and
 set-up builds nothing:
 
-    .venv/bin/python -m launchers.warm_model --commit      # ~5 min on 2 cores
+    .venv/bin/python -m launchers.warm_model --commit      # ~6 min on 2 cores
     .venv/bin/python -m launchers.warm_model --out DIR     # build elsewhere, print the probe
 
 Measured 2026-12-01 (2 cores; 4 T=1 samples per prompt, so 48 held-out and 144 train samples,
-+-6-7 points of standard error): the tiny model before SFT, held-out 0%, train 0%, well-formed
-calls 67-69%; the committed build (300 short + 100 mixed full steps), held-out 23%, train 21%,
-98-100% well-formed, the exact submit call on 29% of second turns. First turns alone in the
-full stage gave train 67-68% and held-out 21-31% (memorised pairs). Capture: 36 of 36 scripted
-rollouts passed their verifier. Held-out through the whole agent (the main command's "before"):
-15-27%.
++-6-7 points of standard error): the tiny model before SFT, held-out 0%, train 0%; the
+committed build (800 bare + 150 short + 100 full steps, 600 synthetic instructions): held-out
+pass 21% (word 83%, file 29%), train pass 42% (word 88%, file 45%); the same weights probed with
+other samples read held-out 33% (word 94%, file 35%). It reads the word and is unsure of the
+file: what GRPO has to sharpen, on train and held-out pairs alike. It does not end an episode
+(the exact submit call on 0% of second turns). ~5 min, seeded: a rebuild gave the same
+model.safetensors byte for byte. Capture: 36 of 36 scripted rollouts
+passed their verifier.
 """
 
 from __future__ import annotations
@@ -53,18 +64,23 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from launchers.paths import REPO_ROOT
 from launchers.tiny_model import TinyModelError, build_tiny_model, check_build_hashes
 
-__all__ = ["WARM_MODEL", "build_warm_model", "committed_warm_model"]
+__all__ = ["WARM_MODEL", "build_warm_model", "committed_warm_model", "synthetic_instructions"]
 
 WARM_MODEL = REPO_ROOT / "models" / "tiny-qwen3-create-file"
 REBUILD = "python -m launchers.warm_model --commit"
-SHORT_STEPS, FULL_STEPS, LR, BATCH, SEED = 300, 100, 2e-3, 8, 0
+BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, BATCH, SEED = 800, 150, 100, 2e-3, 8, 0
+SYNTHETIC = 600  # instructions with words and names from outside the family (stage 2a)
 _ASSIST = "<|im_end|>\n<|im_start|>assistant\n"
+# The bare prompt of the first stage: LEARNING.md's one-line system prompt, then the instruction.
+_BARE = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+         "Please solve this issue: ")
 _SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
@@ -121,6 +137,42 @@ def capture_train_traces(out: Path) -> list[dict]:
     return records
 
 
+def synthetic_instructions(vocab: Iterable[str], count: int, seed: int
+                           ) -> list[tuple[str, str, str]]:
+    """`count` (name, word, instruction) of the family's templates, with words and names from
+    outside the family.
+
+    Why: 36 train instances over 4 words let SFT fit pairs instead of reading the word (the
+    previous build named the held-out word 19% of the time, below chance). Hundreds of words
+    the model cannot memorise make copying from the instruction the only fit. They are drawn
+    from the tokenizer's vocabulary `vocab` (byte-level BPE pieces: lowercase words of 3-7
+    letters, single and joined in pairs), never a family word or name.
+    """
+    from harness.tasks.family import NAMES, TEMPLATES, WORDS
+
+    rng = random.Random(1000 + seed)
+    family = set(WORDS) | {Path(n).stem for n in NAMES}
+    pool = sorted({piece[1:] for piece in vocab if piece.startswith("Ġ")
+                   and piece[1:].isalpha() and piece[1:].islower()
+                   and 3 <= len(piece) - 1 <= 7} - family)
+    if len(pool) < 360:
+        raise RuntimeError(f"the tokenizer has {len(pool)} lowercase word pieces, the "
+                           "synthetic instructions need 360")
+    rng.shuffle(pool)
+    words = pool[:60] + [a + b for a, b in zip(pool[120:180], pool[180:240], strict=True)]
+    names = ([w + ".txt" for w in pool[60:120]]
+             + [f"{a}_{b}.txt" for a, b in zip(pool[240:300], pool[300:360], strict=True)])
+    clash = (set(words) | {Path(n).stem for n in names}) & family
+    if clash:  # a joined pair can spell a family word: it would teach a held-out answer
+        raise RuntimeError(f"synthetic words or names {sorted(clash)} are the family's")
+    out = []
+    for _ in range(count):
+        name, word = rng.choice(names), rng.choice(words)
+        out.append((name, word, TEMPLATES[rng.randrange(len(TEMPLATES))].format(name=name,
+                                                                                 word=word)))
+    return out
+
+
 class _Trainer:
     """SFT and the probe on one model (steps 2 and 3)."""
 
@@ -157,17 +209,39 @@ class _Trainer:
             raise RuntimeError("a captured prompt does not round-trip through the tokenizer")
         return text
 
-    def _prompt(self, text: str, task: str, short: bool) -> list[int]:
-        if short:
-            cut = text.index(self.instr[task]) + len(self.instr[task])
-            text = text[:cut] + _ASSIST
+    def _prompt(self, text: str, instruction: str, cut: str = "full") -> list[int]:
+        """The ids of a first-turn prompt: "full" as captured, "short" cut right after the
+        instruction, "bare" the instruction alone under a one-line system prompt."""
+        if cut == "bare":
+            text = _BARE + instruction + _ASSIST
+        elif cut == "short":
+            text = text[:text.index(instruction) + len(instruction)] + _ASSIST
         return self.tok.encode(text, add_special_tokens=False)
 
-    def sft(self, steps: int, *, short: bool, lr: float, log: Any,
-            data: list[tuple[list[int], list[int]]] | None = None, stage: str = "") -> None:
+    def synthetic(self, count: int, seed: int) -> list[tuple[str, str, list[int]]]:
+        """`count` first turns for `synthetic_instructions`: (prompt text, instruction,
+        completion ids), built as the held-out probe prompts are: a captured train prompt with
+        its instruction swapped, its completion with the call's word and name swapped."""
+        src, (text, completion) = sorted(self.first.items())[0]
+        reply = self.tok.decode(completion, skip_special_tokens=False)
+        call = f"echo {self.meta[src]['word']} > {self.meta[src]['file']}"
+        return [(text.replace(self.instr[src], instruction), instruction,
+                 self.tok.encode(reply.replace(call, f"echo {word} > {name}"),
+                                 add_special_tokens=False))
+                for name, word, instruction in synthetic_instructions(
+                    self.tok.get_vocab(), count, seed)]
+
+    def first_turns(self, cut: str, synthetic: list[tuple[str, str, list[int]]]
+                    ) -> list[tuple[list[int], list[int]]]:
+        """(prompt, completion) of every captured train first turn, then the synthetic ones."""
+        return ([(self._prompt(text, self.instr[t], cut), c)
+                 for t, (text, c) in sorted(self.first.items())]
+                + [(self._prompt(text, instruction, cut), c)
+                   for text, instruction, c in synthetic])
+
+    def sft(self, steps: int, data: list[tuple[list[int], list[int]]], *, lr: float, log: Any,
+            stage: str) -> None:
         torch = self.torch
-        if data is None:
-            data = [(self._prompt(text, t, short), c) for t, (text, c) in sorted(self.first.items())]
         opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
         started = time.monotonic()
         for step in range(1, steps + 1):
@@ -186,22 +260,31 @@ class _Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             opt.step()
             if step % 50 == 0 or step == steps:
-                log(f"  {stage or ('short' if short else 'full') + ' prompt'}, step {step}/{steps}: loss "
+                log(f"  {stage}, step {step}/{steps}: loss "
                     f"{loss.item():.3f} ({time.monotonic() - started:.0f} s)")
 
     def probe(self, split: str, samples: int) -> dict:
-        """First-turn pass rate at T=1 on the whole prompt: {"pass": r, "formed": r, "n": n}."""
+        """First-turn rates at T=1 on the whole prompt: {"pass", "word", "file", "formed", "n"}.
+
+        A pass is the tool call `echo WORD > NAME`; "word" and "file" count each half right on
+        its own, which tells reading the word from reading the name (chance is 1 in 4 each)."""
         texts = self.heldout if split == "heldout" else {t: v[0] for t, v in self.first.items()}
-        ok = formed = total = 0
+        counts = dict.fromkeys(("pass", "word", "file", "formed"), 0)
+        total = 0
         for task, text in sorted(texts.items()):
             meta = self.meta[task]
-            want = rf"echo {meta['word']} > (/app/)?{re.escape(meta['file'])}"
-            for reply in self._sample(self._prompt(text, task, short=False), samples):
+            for reply in self._sample(self._prompt(text, self.instr[task]), samples):
                 total += 1
                 found = re.search(r'"command": "(.*?)"\}\}\n</tool_call>', reply)
-                formed += found is not None
-                ok += bool(found and re.fullmatch(want, found.group(1).strip()))
-        return {"pass": round(ok / total, 3), "formed": round(formed / total, 3), "n": total}
+                call = re.fullmatch(r"echo (\S+) > (?:/app/)?(\S+)",
+                                    found.group(1).strip()) if found else None
+                word, file = (call.group(1) == meta["word"], call.group(2) == meta["file"]) \
+                    if call else (False, False)
+                counts["formed"] += found is not None
+                counts["word"] += word
+                counts["file"] += file
+                counts["pass"] += word and file
+        return {**{k: round(v / total, 3) for k, v in counts.items()}, "n": total}
 
     def probe_submit(self, samples: int) -> dict:
         """Second turns at T=1: the share that is exactly the submit command."""
@@ -223,8 +306,9 @@ class _Trainer:
         return [self.tok.decode(out[len(prompt):], skip_special_tokens=False) for out in outs]
 
 
-def build_warm_model(out: Path, *, seed: int = SEED, short_steps: int = SHORT_STEPS,
-                     full_steps: int = FULL_STEPS, lr: float = LR, samples: int = 4,
+def build_warm_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEPS,
+                     short_steps: int = SHORT_STEPS, full_steps: int = FULL_STEPS,
+                     synthetic_count: int = SYNTHETIC, lr: float = LR, samples: int = 4,
                      log: Any = print) -> dict:
     """Capture, SFT and probe into `out` (an HF model dir); returns the build record."""
     import torch
@@ -237,16 +321,20 @@ def build_warm_model(out: Path, *, seed: int = SEED, short_steps: int = SHORT_ST
     trainer = _Trainer(base, records, seed)
     before = {s: trainer.probe(s, samples) for s in ("heldout", "train")}
     log(f"before SFT: {before}")
-    trainer.sft(short_steps, short=True, lr=lr, log=log)
+    synthetic = trainer.synthetic(synthetic_count, seed)
+    # LEARNING.md's curriculum: copying is learnt on the bare instruction (cheap: ~60 tokens a
+    # row), then found after mini-swe-agent's system prompt, then ~1,000 tokens further back.
+    trainer.sft(bare_steps, trainer.first_turns("bare", synthetic), lr=lr, log=log,
+                stage="bare instruction")
+    trainer.sft(short_steps, trainer.first_turns("short", synthetic), lr=lr, log=log,
+                stage="prompt cut after the instruction")
     # The whole prompt, first turns and second turns (after the command's output, the submit
-    # call) mixed: the mix kept the full stage from memorising the train pairs (probe: train 27%
-    # / held-out 29% mixed, against 67% / 21-31% on first turns alone). The tiny model still
-    # garbles the long submit string (second_turn below); 60 more steps on second turns alone
-    # made it exact (96%) but took the first turn down to 6-10%, below where GRPO moves, so the
-    # CPU default runs one agent step on this family (harness/run_config.py).
-    trainer.sft(full_steps, short=False, lr=lr, log=log, stage="full prompt, both turns",
-                data=[(trainer._prompt(text, t, False), c)
-                      for t, (text, c) in sorted(trainer.first.items())] + trainer.second)
+    # call) mixed: second turns are sampled, unlike the first, from one fixed answer, and the mix
+    # kept the full stage from memorising the train pairs. The tiny model still garbles the long
+    # submit string (second_turn below), so the CPU default runs one agent step on this family
+    # (harness/run_config.py).
+    trainer.sft(full_steps, trainer.first_turns("full", synthetic) + trainer.second, lr=lr,
+                log=log, stage="full prompt, both turns")
     after = {s: trainer.probe(s, samples) for s in ("heldout", "train")}
     after["second_turn"] = trainer.probe_submit(samples)
     log(f"after SFT: {after}")
@@ -256,8 +344,9 @@ def build_warm_model(out: Path, *, seed: int = SEED, short_steps: int = SHORT_ST
     for name in ("chat_template.jinja", "generation_config.json"):
         if (base / name).exists():
             shutil.copy(base / name, out / name)
-    return {"base": base.name, "seed": seed, "short_steps": short_steps,
-            "full_steps": full_steps, "lr": lr, "captured_rollouts": len(records),
+    return {"base": base.name, "seed": seed, "bare_steps": bare_steps,
+            "short_steps": short_steps, "full_steps": full_steps, "synthetic": synthetic_count,
+            "lr": lr, "captured_rollouts": len(records),
             "first_turn_probe": {"before": before, "after": after}}
 
 
@@ -285,16 +374,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", action="store_true", help=f"write the result to {WARM_MODEL}")
     parser.add_argument("--out", type=Path, help="build into this directory instead")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--bare-steps", type=int, default=BARE_STEPS)
     parser.add_argument("--short-steps", type=int, default=SHORT_STEPS)
     parser.add_argument("--full-steps", type=int, default=FULL_STEPS)
+    parser.add_argument("--synthetic", type=int, default=SYNTHETIC,
+                        help="first turns with words and names from outside the family")
     parser.add_argument("--lr", type=float, default=LR)
     args = parser.parse_args(argv)
     if not args.commit and args.out is None:
         parser.error("give --commit or --out DIR")
     with tempfile.TemporaryDirectory(prefix="warm-model-") as scratch:
         out = args.out or Path(scratch) / "model"
-        record = build_warm_model(out, seed=args.seed, short_steps=args.short_steps,
-                                  full_steps=args.full_steps, lr=args.lr)
+        record = build_warm_model(out, seed=args.seed, bare_steps=args.bare_steps,
+                                  short_steps=args.short_steps, full_steps=args.full_steps,
+                                  synthetic_count=args.synthetic, lr=args.lr)
         if args.commit:
             print(commit(out, record))
         else:

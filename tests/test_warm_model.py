@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.tasks.family import family_tasks
+from harness.tasks.family import NAMES, WORDS, family_tasks
 from launchers.models import resolve_model
 from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
-from launchers.warm_model import REBUILD, WARM_MODEL, committed_warm_model
+from launchers.warm_model import REBUILD, WARM_MODEL, committed_warm_model, synthetic_instructions
 from trainer.loop import _pack_budget
 from trainer.rows import Row
 
@@ -45,6 +45,39 @@ def test_it_saw_the_train_instances_only_and_left_rl_room_on_the_held_out_ones()
     assert probe["before"]["heldout"]["pass"] == 0.0  # the tiny model alone cannot do it
     assert 0.1 <= probe["after"]["heldout"]["pass"] <= 0.6, probe
     assert 0.1 <= probe["after"]["train"]["pass"] <= 0.6, probe  # and not memorised either
+    # It reads: on held-out pairs it names the instruction's word or file well above the 1 in 4
+    # a model that ignored the instruction would (the build before synthetic words: word 19%).
+    assert max(probe["after"]["heldout"]["word"], probe["after"]["heldout"]["file"]) >= 0.5
+    assert build["synthetic"] > 0 and build["bare_steps"] > 0
+
+
+def test_the_synthetic_instructions_teach_no_family_word_or_name() -> None:
+    """The warm start's extra instructions: outside the family, so no held-out answer is in them."""
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(WARM_MODEL).get_vocab()
+    made = synthetic_instructions(vocab, 600, 0)
+    assert made == synthetic_instructions(vocab, 600, 0)  # seeded: the build is reproducible
+    family = set(WORDS) | set(NAMES) | {Path(n).stem for n in NAMES}
+    assert not {w for _, w, _ in made} & family and not {n for n, _, _ in made} & family
+    assert len({w for _, w, _ in made}) > 60 and len({n for n, _, _ in made}) > 60
+    for name, word, instruction in made:
+        assert name in instruction and word in instruction
+    with pytest.raises(RuntimeError, match="need 360"):
+        synthetic_instructions(["Ġhello", "Ġthere"], 10, 0)
+
+
+def test_a_joined_word_that_spells_a_family_word_is_refused(monkeypatch) -> None:
+    """Two pieces can join into a family word; the build must stop, not teach its answer."""
+    from transformers import AutoTokenizer
+
+    import harness.tasks.family as family
+
+    vocab = AutoTokenizer.from_pretrained(WARM_MODEL).get_vocab()
+    joined = next(w for _, w, _ in synthetic_instructions(vocab, 600, 0) if len(w) > 7)
+    monkeypatch.setattr(family, "WORDS", (*family.WORDS, joined))
+    with pytest.raises(RuntimeError, match=f"{joined}.*are the family's"):
+        synthetic_instructions(vocab, 600, 0)
 
 
 def test_a_changed_file_of_the_warm_model_is_refused_by_name(tmp_path: Path) -> None:
