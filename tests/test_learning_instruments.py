@@ -260,6 +260,7 @@ def test_the_learning_bench_judges_seeds_and_controls_by_the_issues_bar(tmp_path
     out = capsys.readouterr().out
     assert "3/4" in out and "4/4" in out and "MEETS" in out
     assert "seed-2" in out and "+10.0 pt" in out
+    assert "mean change: seeds +26.2 pt over 4, controls +2.0 pt over 4" in out
     # A control that rose 10 points fails the bar; so does a run with no result.
     (tmp_path / "control-1" / "before_after.json").unlink()
     assert main(["--out", str(tmp_path), "--report-only"]) == 1

@@ -75,6 +75,14 @@ def table_lines(results: dict[str, dict | None]) -> list[str]:
         change = "-" if r["change_points"] is None else f"{r['change_points']:+.1f} pt"
         lines.append(f"{name:12s} {pct(r['before_pass_rate']):>7s} {pct(r['after_pass_rate']):>7s}"
                      f" {change:>9s}")
+    means = []
+    for kind in ("seed", "control"):
+        changes = [r["change_points"] for k, r in results.items()
+                   if k.startswith(kind + "-") and r and r["change_points"] is not None]
+        if changes:
+            means.append(f"{kind}s {sum(changes) / len(changes):+.1f} pt over {len(changes)}")
+    if means:
+        lines.append("mean change: " + ", ".join(means))
     v = verdict(results)
     lines.append(f"seeds rising >= {RISE_POINTS:.0f} points: {v['seeds_risen']}/{v['seeds']} "
                  f"(need {RISE_SEEDS} of 4); controls within {CONTROL_MAX_POINTS:.0f} points: "
