@@ -39,7 +39,7 @@ The result is committed under models/tiny-qwen3-create-file/ (1.3 MB of weights,
 every file's sha256, checked each time it is used) so every machine trains the same bytes and
 set-up builds nothing:
 
-    .venv/bin/python -m launchers.warm_model --commit      # ~6 min on 2 cores
+    .venv/bin/python -m launchers.warm_model --commit      # ~5 min on 2 cores
     .venv/bin/python -m launchers.warm_model --out DIR     # build elsewhere, print the probe
 
 Measured 2026-12-01 (2 cores; 4 T=1 samples per prompt, so 48 held-out and 144 train samples,
@@ -48,9 +48,8 @@ committed build (800 bare + 150 short + 100 full steps, 600 synthetic instructio
 pass 21% (word 83%, file 29%), train pass 42% (word 88%, file 45%); the same weights probed with
 other samples read held-out 33% (word 94%, file 35%). It reads the word and is unsure of the
 file: what GRPO has to sharpen, on train and held-out pairs alike. It does not end an episode
-(the exact submit call on 0% of second turns). ~5 min, seeded: a rebuild gave the same
-model.safetensors byte for byte. Capture: 36 of 36 scripted rollouts
-passed their verifier.
+(the exact submit call on 0% of second turns). Seeded: a rebuild gave the same
+model.safetensors byte for byte. Capture: 36 of 36 scripted rollouts passed their verifier.
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ __all__ = ["WARM_MODEL", "build_warm_model", "committed_warm_model", "synthetic_
 WARM_MODEL = REPO_ROOT / "models" / "tiny-qwen3-create-file"
 REBUILD = "python -m launchers.warm_model --commit"
 BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, BATCH, SEED = 800, 150, 100, 2e-3, 8, 0
-SYNTHETIC = 600  # instructions with words and names from outside the family (stage 2a)
+SYNTHETIC = 600  # first turns whose words and names come from outside the family
 _ASSIST = "<|im_end|>\n<|im_start|>assistant\n"
 # The bare prompt of the first stage: LEARNING.md's one-line system prompt, then the instruction.
 _BARE = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
@@ -329,8 +328,8 @@ def build_warm_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEP
     trainer.sft(short_steps, trainer.first_turns("short", synthetic), lr=lr, log=log,
                 stage="prompt cut after the instruction")
     # The whole prompt, first turns and second turns (after the command's output, the submit
-    # call) mixed: second turns are sampled, unlike the first, from one fixed answer, and the mix
-    # kept the full stage from memorising the train pairs. The tiny model still garbles the long
+    # call) mixed: every second turn has the same answer, and mixing them in kept the full stage
+    # from memorising the train pairs. The tiny model still garbles the long
     # submit string (second_turn below), so the CPU default runs one agent step on this family
     # (harness/run_config.py).
     trainer.sft(full_steps, trainer.first_turns("full", synthetic) + trainer.second, lr=lr,
