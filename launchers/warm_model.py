@@ -224,6 +224,10 @@ class _Trainer:
         src, (text, completion) = sorted(self.first.items())[0]
         reply = self.tok.decode(completion, skip_special_tokens=False)
         call = f"echo {self.meta[src]['word']} > {self.meta[src]['file']}"
+        # A swap that finds nothing would teach the source's answer for every instruction.
+        if call not in reply or self.instr[src] not in text:
+            raise RuntimeError(f"the captured first turn of {src} does not hold its instruction "
+                               f"and the call {call!r}: the synthetic turns cannot be built")
         return [(text.replace(self.instr[src], instruction), instruction,
                  self.tok.encode(reply.replace(call, f"echo {word} > {name}"),
                                  add_special_tokens=False))
