@@ -12,7 +12,7 @@ never hides a policy's failure and never costs engine time twice. Every result i
 `factory.counts` (by cause) before it is returned; `factory.retries` counts retried attempts.
 
 Task selection: `seed=k` picks `split[k % len(split)]` unless `task` names one (a Harbor Task, a
-task directory, or a task name in the split); every rollout of a GRPO group passes the same seed,
+task directory, or a task name in the split; a name the split lacks raises); every rollout of a GRPO group passes the same seed,
 so the group shares one task. With neither, tasks are taken round-robin.
 
 The proxy: `proxy_url` is a running capture proxy (its admin key from `admin_key=` or
@@ -228,6 +228,13 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
         named = match_task(self.tasks, task) if task is not None else None
         if named is not None:
             return named
+        wanted = task.get("task") or task.get("task_id") or task.get("task_name") \
+            if isinstance(task, dict) else task
+        if isinstance(wanted, (str, Path)):
+            # A name the split lacks is a caller's mistake: running the seed's task instead
+            # would train one task under another's name, and nothing would fail.
+            raise ValueError(f"task {str(wanted)!r} is not in this factory's split of "
+                             f"{len(self.tasks)} tasks: name one of them (or pass none and a seed)")
         index = seed if seed is not None else next(self._round_robin)
         return self.tasks[index % len(self.tasks)]
 

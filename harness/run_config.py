@@ -37,7 +37,7 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "qui
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 TRAIN_ONLY = frozenset({"groups_per_step", "steps", "learning_rate", "resume", "weight_sync",
-                        "reward_fn", "reward_funcs", "report_to", "shuffle_rewards",
+                        "reward_fn", "reward_funcs", "report_to", "shuffle_rewards", "shuffle_tasks",
                         "eval_tasks", "eval_rollouts_per_task", "rollout_service",
                         "rollout_service_key_file"})
 
@@ -98,6 +98,7 @@ class RunSettings:
     seed: int = 0
     rollouts_per_task: int = 2  # eval only
     shuffle_rewards: bool = False  # the control: rewards permuted within each group
+    shuffle_tasks: bool = True  # train tasks in a fresh order each epoch, seeded by --seed
     # Held-out tasks evaluated before and after training. "auto": family:heldout when --tasks is
     # family:train, else none; "none": no evaluation (resolved in __post_init__).
     eval_tasks: str | None = "auto"
@@ -132,6 +133,7 @@ class RunSettings:
             seed=self.seed, output_dir=str(Path(self.output_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
             save_steps=1, shuffle_rewards=self.shuffle_rewards,
+            shuffle_dataset=self.shuffle_tasks,
         )
 
 
@@ -204,6 +206,8 @@ def _help(name: str) -> str:
         "rollouts_per_task": "(eval) rollouts per task",
         "shuffle_rewards": "control run: permute rewards within each group, so they no longer "
                            "follow actions (a loop that still learns has a bug)",
+        "shuffle_tasks": "train the tasks in a fresh order each epoch, seeded by --seed "
+                         "(--no-shuffle-tasks: the split's order, neighbours in one step)",
         "eval_tasks": "tasks (same forms as --tasks) evaluated before and after training, with a "
                       "before/after pass-rate table; default: family:heldout when --tasks is "
                       "family:train, else none ('none' skips it)",

@@ -297,6 +297,10 @@ class RolloutService:
         try:
             await self.catch_up(body)
             factory = await self.factory(body.get("factory") or {})
+            try:  # a task the split lacks is the caller's mistake: a 400 now, not a 500 later
+                factory.pick_task(body.get("task"), body.get("seed"))
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from exc
         finally:
             self.starting -= 1
         rid = uuid.uuid4().hex

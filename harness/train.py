@@ -93,6 +93,24 @@ def _factory_fn(settings: RunSettings, pool: Any, run_dir: Path):
     return training, make
 
 
+def _train_task_names(settings: RunSettings, pool: Any) -> list[str]:
+    """--tasks as every service loads it: the trainer's train_dataset, which it shuffles per
+    epoch (--shuffle-tasks). Services that load different tasks would train a different task
+    than the one the trainer chose, so they stop the run."""
+    answers = pool.tasks(settings.tasks, settings.task_count)
+    problems = [f"--tasks {settings.tasks!r} on the rollout service {url}: {answer}"
+                for url, answer in answers.items() if isinstance(answer, str)]
+    if problems:
+        raise SettingsError(problems)
+    url, names = next(iter(answers.items()))
+    for other, other_names in answers.items():
+        if other_names != names:
+            raise SettingsError([f"--tasks {settings.tasks!r} loads {len(names)} tasks on {url} "
+                                 f"and {len(other_names)} (or others) on {other}: give every "
+                                 "rollout service the same task folders"])
+    return names
+
+
 def _eval_task_names(settings: RunSettings, pool: Any) -> list[str] | None:
     """--eval-tasks as the first service loads it (seed k runs task k % n there)."""
     if settings.eval_tasks is None:
@@ -165,9 +183,15 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
     timings: dict[str, float] = {}
     t_run = time.perf_counter()
 
+    from transformers.utils import logging as transformers_logging
+
     from harness.remote import ServicePool
     from trainer.grpo import HarnessAsyncGRPOTrainer
     from trainer.rewards import RewardFunc
+
+    # A checkpoint every step would print transformers' load and save bars each time; the
+    # console's step table is the progress.
+    transformers_logging.disable_progress_bar()
 
     with RunStack(settings, run_dir, weight_transfer=settings.weight_sync,
                   rollouts="service") as stack:
@@ -190,6 +214,7 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         links = weight_links(stack.engine_url, stack.weight_backend, pool)
         weight_sync = links["weight_sync"]
         try:
+            train_names = _train_task_names(settings, pool)
             learning = BeforeAfter(settings, make_factory, run_dir, console,  # --eval-tasks
                                    eval_tasks=_eval_task_names(settings, pool))
             learning.before()
@@ -201,7 +226,8 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
             t0 = time.perf_counter()
             trainer = HarnessAsyncGRPOTrainer(
                 model=str(stack.model_path), harness_session_factory=factory,
-                args=settings.trainer_config(), rollout_reward_fn=reward_fn,
+                args=settings.trainer_config(), train_dataset=train_names,
+                rollout_reward_fn=reward_fn,
                 reward_funcs=reward_funcs, **links,
             )
             timings["trainer_setup_s"] = time.perf_counter() - t0

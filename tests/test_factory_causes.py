@@ -222,6 +222,9 @@ def test_rollouts_of_one_seed_share_one_task_and_seeds_walk_the_split(fake_engin
         assert factory.pick_task(seed=len(names) + 1).name == names[1]
         assert factory.pick_task("harness/csv-report", seed=3).name == "harness/csv-report"
         assert factory.pick_task({"prompt": "a TRL row naming no task"}, seed=2).name == names[2]
+        for stranger in ("harness/no-such-task", {"task": "no-such-task"}):
+            with pytest.raises(ValueError, match="no-such-task.*not in this factory's split"):
+                factory.pick_task(stranger, seed=2)  # never the seed's task under another name
     finally:
         factory.close()
 

@@ -124,6 +124,13 @@ def test_the_session_protocol_auth_and_metrics_over_http(tiny_model_path, tmp_pa
             bad = httpx.post(f"{service.url}/v1/rollouts", json={"factory": {"harnes": "x"}},
                              headers={"Authorization": f"Bearer {KEY}"})
             assert bad.status_code == 400 and "harnes" in bad.json()["error"]["message"]
+            # A task name the split lacks is refused, never run as the seed's task instead.
+            stranger = httpx.post(f"{service.url}/v1/rollouts",
+                                  json={"task": "no-such-task", "seed": 0},
+                                  headers={"Authorization": f"Bearer {KEY}"})
+            assert stranger.status_code == 400
+            assert "'no-such-task' is not in this factory's split" in \
+                stranger.json()["error"]["message"]
             metrics = httpx.get(f"{service.url}/metrics",
                                 headers={"Authorization": f"Bearer {KEY}"}).json()
             assert metrics["in_flight"] == 0 and metrics["open_sessions"] == 0

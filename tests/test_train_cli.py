@@ -196,3 +196,24 @@ def test_the_defaults_resolve_the_learning_rate_and_the_held_out_split_from_the_
     assert parse(["--eval-tasks", "none"]).eval_tasks is None
     assert parse(["--tasks", "bundled", "--eval-tasks", "family:heldout"]).eval_tasks == (
         "family:heldout")
+
+
+def test_the_trainer_trains_the_tasks_every_rollout_service_loads_and_is_told_their_order() -> None:
+    from harness.train import _train_task_names
+
+    class Pool:
+        def __init__(self, answers):
+            self.answers = answers
+
+        def tasks(self, split, task_count=None):
+            return self.answers
+
+    settings = parse([])
+    assert settings.shuffle_tasks and settings.trainer_config().shuffle_dataset
+    assert not parse(["--no-shuffle-tasks"]).trainer_config().shuffle_dataset
+    names = ["fam/a", "fam/b"]
+    assert _train_task_names(settings, Pool({"http://s1": names, "http://s2": names})) == names
+    with pytest.raises(SettingsError, match="http://s2: give every rollout service the same"):
+        _train_task_names(settings, Pool({"http://s1": names, "http://s2": names[:1]}))
+    with pytest.raises(SettingsError, match="http://s1: no tasks found"):
+        _train_task_names(settings, Pool({"http://s1": "no tasks found"}))

@@ -66,8 +66,10 @@ class _BrokenAt:
 
 
 def test_a_train_dataset_that_raises_stops_the_run_at_once_naming_the_item(tmp_path):
+    # In the dataset's order, group 1 (trained in step 2 of 2) reads the broken item.
     trainer = HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: _source(),
-                                      _args(tmp_path), train_dataset=_BrokenAt(1))
+                                      _args(tmp_path, shuffle_dataset=False),
+                                      train_dataset=_BrokenAt(1))
     outcome: list[BaseException | None] = []
 
     def run() -> None:

@@ -160,6 +160,61 @@ def test_admission_keeps_the_producer_at_most_max_staleness_steps_ahead():
     assert before == [0, 1, 2] and after == [0, 1, 2, 3]  # g // 1 <= steps_done + 2
 
 
+def _tasks_trained(seed: int | None, groups: int, n: int = 6, start_group: int = 0) -> list[str]:
+    """The tasks a producer hands its source for groups [start_group, groups), in order."""
+    source = ReplaySource(lambda s, k: None, lambda s, k: 1.0)
+    dataset = [f"task-{i}" for i in range(n)]
+
+    async def run():
+        producer = _producer(source, num_generations=1, max_staleness=groups,
+                             start_group=start_group, train_dataset=dataset,
+                             task_order_seed=seed)
+        producer.start()
+        tasks = [(await producer.next_group()).results[0].task_id
+                 for _ in range(groups - start_group)]
+        await producer.stop()
+        return tasks
+
+    return asyncio.run(run())
+
+
+def test_each_epoch_visits_every_task_once_in_an_order_the_seed_chooses():
+    plain = _tasks_trained(None, 12)
+    assert plain == [f"task-{i % 6}" for i in range(12)]  # no seed: the dataset's order
+    seed0, seed1 = _tasks_trained(0, 12), _tasks_trained(1, 12)
+    for order in (seed0, seed1):
+        assert sorted(order[:6]) == sorted(order[6:]) == sorted(plain[:6])  # each epoch: all
+        assert order[:6] != order[6:]  # a fresh order each epoch
+    assert seed0 != seed1 and seed0 != plain
+    assert _tasks_trained(0, 12) == seed0  # the same seed, the same schedule
+    # A resumed run (start_group = the checkpoint's data position) trains what the rest of the
+    # uninterrupted one trained, also across an epoch's edge.
+    assert _tasks_trained(0, 12, start_group=4) == seed0[4:]
+
+
+def test_the_trainer_shuffles_its_dataset_by_seed_unless_told_not_to(tmp_path):
+    def trained(**cfg) -> list[str | None]:
+        source = _source()
+        tasks: list = []
+        replay = source.rollout
+
+        async def recording(task=None, seed=None, episode_id=None):
+            tasks.append(task)
+            return await replay(task=task, seed=seed, episode_id=episode_id)
+
+        source.rollout = recording
+        args = AsyncGRPOConfig(**{"num_generations": 2, "max_steps": 4, "learning_rate": 1e-3,
+                                  "output_dir": str(tmp_path / str(cfg)), "report_to": "none",
+                                  "max_staleness": 0, **cfg})
+        HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: source, args,
+                                train_dataset=[f"t{i}" for i in range(4)]).train()
+        return tasks[::2]  # one task a group (both its rollouts share it)
+
+    assert trained(shuffle_dataset=False) == ["t0", "t1", "t2", "t3"]
+    shuffled = trained(seed=1)
+    assert sorted(shuffled) == ["t0", "t1", "t2", "t3"] and shuffled != ["t0", "t1", "t2", "t3"]
+
+
 _KILLED_RUN = """
 import random, sys, time
 sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})

@@ -6,8 +6,9 @@
                             next_group_index (the rollout position)
     <output_dir>/latest     name of the newest complete checkpoint
 
-The rollout position is the point: groups are numbered, group g runs with seed g (so on task
-split[g % len(split)]), and the trainer consumes them in order. A checkpoint after step s stores
+The rollout position is the point: groups are numbered, group g runs with seed g (on the task
+its index, the seed and the epoch pick: trainer/producer.py), and the trainer consumes them in
+order. A checkpoint after step s stores
 the first group index not yet consumed; resuming dispatches from exactly there, so a killed run
 and an uninterrupted one see the same tasks in the same steps. Groups that were in flight at the
 kill are rerun, never skipped (their rollouts are lost: a rollout cannot be checkpointed

@@ -38,6 +38,9 @@ class AsyncGRPOConfig:
     vllm_server_base_url: str | None = None  # engine the agents talk to (for logs; sync uses it)
     temperature: float = 1.0  # sampling temperature, also used to score tokens in the loss
     max_tokens: int | None = 4096  # per-call completion cap enforced by the capture proxy
+    # Visit train_dataset in a fresh order each epoch, seeded by `seed` (TRL's shuffle_dataset);
+    # False: the dataset's own order. Without a train_dataset the source picks tasks by seed.
+    shuffle_dataset: bool = True
     # --- optimisation -------------------------------------------------------------------------
     learning_rate: float = 1e-6
     weight_decay: float = 0.0

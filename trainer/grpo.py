@@ -231,6 +231,7 @@ class HarnessAsyncGRPOTrainer:
             max_staleness=a.max_staleness, max_concurrent_rollouts=a.max_concurrent_rollouts,
             start_group=self.state.next_group_index, version=lambda: self.state.policy_version,
             train_dataset=self.train_dataset, prepare=self._prepare_group,
+            task_order_seed=a.seed if a.shuffle_dataset else None,
         )
         names = [f.name for f in self.reward_funcs]
         producer.start()

@@ -1,6 +1,12 @@
 """The rollout producer: groups dispatched ahead of the trainer, released whole and in order.
 
-    group g = num_generations rollouts of one task, all with seed=g (task split[g % len(split)])
+    group g = num_generations rollouts of one task, all with seed=g
+    its task: train_dataset[order(g // n)[g % n]], n = len(train_dataset); `order(e)` is epoch
+    e's seeded permutation (`task_order_seed`), or the dataset's own order when it is None
+
+Why a seeded shuffle per epoch: in the dataset's order a step's groups are neighbours, and a
+generated family lists its variants side by side (three phrasings of one answer), so every step
+would train one answer and every seed the same schedule. Each epoch still visits every task once.
 
 Three rules, each against a known failure:
 
@@ -10,7 +16,8 @@ Three rules, each against a known failure:
    A group waits for its slowest rollout; the trainer overlaps that wait with other groups.
 2. Groups are released in index order, so step s always trains groups
    [s * groups_per_step, (s + 1) * groups_per_step): the data position is a single integer, and a
-   resumed run sees the same tasks in the same steps as an uninterrupted one.
+   resumed run sees the same tasks in the same steps as an uninterrupted one (the order is a
+   function of the seed, the epoch and n alone).
 3. Admission bounds staleness: group g is dispatched only once
    g // groups_per_step <= steps_done + max_staleness, i.e. at most `max_staleness` steps
    ahead of the trainer (max_staleness=0 is synchronous, on-policy GRPO).
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -64,6 +72,7 @@ class RolloutProducer:
         version: Callable[[], int],
         train_dataset: Sequence[Any] | None = None,
         prepare: Callable[[FinishedGroup], Any] | None = None,
+        task_order_seed: int | None = None,
     ):
         self.source = source
         self.num_generations = num_generations
@@ -72,6 +81,8 @@ class RolloutProducer:
         self.version = version
         self.train_dataset = train_dataset
         self.prepare = prepare
+        self.task_order_seed = task_order_seed
+        self._orders: dict[tuple[int, int], list[int]] = {}  # (epoch, n) -> permutation
         self.next_dispatch = start_group
         self.next_release = start_group
         self._steps_done = start_group // groups_per_step
@@ -136,6 +147,19 @@ class RolloutProducer:
             await self._fail(exc)
             raise
 
+    def task_index(self, g: int, n: int) -> int:
+        """The train_dataset index of group g's task, for a dataset of n tasks."""
+        if self.task_order_seed is None:
+            return g % n
+        epoch = g // n
+        order = self._orders.get((epoch, n))
+        if order is None:
+            order = list(range(n))
+            # A str seed is hashed with SHA-512: the same order in every process and Python run.
+            random.Random(f"task-order:{self.task_order_seed}:{epoch}").shuffle(order)
+            self._orders = {(epoch, n): order}  # groups arrive in order: one epoch is enough
+        return order[g % n]
+
     def _task_of(self, g: int) -> Any:
         if self.train_dataset is None:
             return None
@@ -143,10 +167,11 @@ class RolloutProducer:
         if n == 0:
             raise TrainerError("train_dataset is empty (it had tasks when training started): "
                                f"no task for group {g}")
+        i = self.task_index(g, n)
         try:
-            return self.train_dataset[g % n]
+            return self.train_dataset[i]
         except Exception as exc:
-            raise TrainerError(f"train_dataset[{g % n}] (the task of group {g}) raised "
+            raise TrainerError(f"train_dataset[{i}] (the task of group {g}) raised "
                                f"{type(exc).__name__}: {exc}; fix the dataset") from exc
 
     async def _run_group(self, g: int) -> None:
