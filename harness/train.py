@@ -15,7 +15,9 @@ start and stop. Nothing here computes; each step is a component from its own roo
                      here under <output-dir>/rollouts (harness.run_records)
     5. training      HarnessAsyncGRPOTrainer: rows from traces, group advantages, TIS loss,
                      checkpoints and metrics under <output-dir>/trainer; --eval-tasks before and
-                     after (harness.learning), through the same services
+                     after (harness.learning), through the same services. Its train_dataset is
+                     the --tasks names the services load; it trains them in a fresh order each
+                     epoch, seeded by --seed (--no-shuffle-tasks: the split's order)
     6. summary       rollouts by cause, reward per step, tokens trained, time per phase
     7. teardown      every process this command started is stopped (service, then engine), on
                      error and Ctrl-C too

@@ -247,6 +247,8 @@ def _run_dir(out: Path, name: str, before: float, after: float) -> None:
         "before_pass_rate": before, "after_pass_rate": after,
         "change_points": (after - before) * 100, "shuffled_rewards": name.startswith("control"),
         "seed": int(name.split("-")[1])}))
+    (out / name / "reward_curve.json").write_text(json.dumps({  # rises from `before` to `after`
+        "steps": [1, 2, 3], "reward_mean": [before, (before + after) / 2, after]}))
 
 
 def test_the_learning_bench_judges_seeds_and_controls_by_the_issues_bar(tmp_path: Path,
@@ -261,11 +263,21 @@ def test_the_learning_bench_judges_seeds_and_controls_by_the_issues_bar(tmp_path
     assert "3/4" in out and "4/4" in out and "MEETS" in out
     assert "seed-2" in out and "+10.0 pt" in out
     assert "mean change: seeds +26.2 pt over 4, controls +2.0 pt over 4" in out
+    curves = json.loads((tmp_path / "reward_curves.json").read_text())
+    assert curves["runs"]["seed-1"] == [0.2, 0.325, 0.45]
+    assert curves["seeds_mean"] == pytest.approx([0.1, 0.23125, 0.3625])
+    assert curves["controls_mean"] == pytest.approx([0.1, 0.11, 0.12])
+    assert (tmp_path / "reward_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Controls for some seeds only: the bar counts the controls that were run.
+    assert main(["--out", str(tmp_path), "--report-only", "--control-seeds", "0", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "control-2" not in out and "within 5 points: 2/2" in out
     # A control that rose 10 points fails the bar; so does a run with no result.
     (tmp_path / "control-1" / "before_after.json").unlink()
     assert main(["--out", str(tmp_path), "--report-only"]) == 1
     assert "not run, or the run failed" in capsys.readouterr().out
     _run_dir(tmp_path / "again", "control-1", 0.1, 0.2)
+    (tmp_path / "control-1" / "reward_curve.json").unlink()
     (tmp_path / "again" / "control-1").replace(tmp_path / "control-1")
     assert main(["--out", str(tmp_path), "--report-only"]) == 1
     out = capsys.readouterr().out

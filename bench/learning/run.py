@@ -1,7 +1,8 @@
 """Does the loop learn? Seeds of the main command and their shuffled-reward controls, one table.
 
-    .venv/bin/python bench/learning/run.py [--seeds 0 1 2 3] [--out runs/learning]
-                                           [--report-only] [-- EXTRA harness.train FLAGS]
+    .venv/bin/python bench/learning/run.py [--seeds 0 1 2 3] [--control-seeds 0 1]
+                                           [--out runs/learning] [--report-only]
+                                           [-- EXTRA harness.train FLAGS]
 
 Each seed runs the README's main command, `python -m harness.train --harness mini-swe-agent
 --seed S` (its defaults: the warm-started tiny model, family:train, family:heldout evaluated
@@ -10,8 +11,11 @@ before and after, the verifier's reward alone) into OUT/seed-S, and the same wit
 group no longer follow actions, so a real rise there means a bug). Every run writes
 before_after.json and reward_curve.{json,png} (harness/learning.py); this script only reads them
 and prints the held-out pass rate before and after, per run, against issue 18's bar: a rise of
->= 20 points in at least 3 of 4 seeds, <= 5 points in every control. `--report-only` re-reads
-OUT without running anything. Runs go one after another: this machine has 2 cores, and
+>= 20 points in at least 3 of 4 seeds, <= 5 points in every control. It also writes
+OUT/reward_curves.json (every run's training reward per step) and OUT/reward_curves.png (the
+seeds' mean in blue, the controls' mean in orange; y from 0 to 1, gridlines every 0.1).
+`--control-seeds` picks which seeds get a control (default: all of --seeds). `--report-only`
+re-reads OUT without running anything. Runs go one after another: this machine has 2 cores, and
 concurrent runs would measure each other's load.
 """
 
@@ -48,6 +52,38 @@ def read_result(run_dir: Path) -> dict | None:
     data = json.loads(path.read_text())
     return {k: data.get(k) for k in ("before_pass_rate", "after_pass_rate", "change_points",
                                      "shuffled_rewards", "seed")}
+
+
+def reward_curves(out: Path, names: list[str]) -> dict:
+    """Every run's training reward per step (reward_curve.json), and the mean over seeds and
+    over controls at each step the runs share."""
+    curves: dict = {"runs": {}}
+    for name in names:
+        path = out / name / "reward_curve.json"
+        if path.exists():
+            curves["runs"][name] = json.loads(path.read_text())["reward_mean"]
+    for kind in ("seed", "control"):
+        runs = [r for n, r in curves["runs"].items() if n.startswith(kind + "-")]
+        steps = min((len(r) for r in runs), default=0)
+        curves[f"{kind}s_mean"] = [
+            None if any(r[i] is None for r in runs) else sum(r[i] for r in runs) / len(runs)
+            for i in range(steps)]
+    return curves
+
+
+def write_reward_curves(out: Path, names: list[str]) -> Path:
+    """OUT/reward_curves.json and OUT/reward_curves.png (seeds' mean, then controls' mean)."""
+    from harness.learning import write_png_plot
+
+    curves = reward_curves(out, names)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "reward_curves.json").write_text(json.dumps(curves, indent=1))
+    steps = max(len(curves["seeds_mean"]), len(curves["controls_mean"]))
+    pad = lambda xs: xs + [None] * (steps - len(xs))  # noqa: E731
+    png = out / "reward_curves.png"
+    write_png_plot(png, list(range(1, steps + 1)),
+                   [pad(curves["seeds_mean"]), pad(curves["controls_mean"])])
+    return png
 
 
 def verdict(results: dict[str, dict | None]) -> dict:
@@ -99,11 +135,15 @@ def main(argv: list[str] | None = None) -> int:
         argv, extra = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
+    parser.add_argument("--control-seeds", nargs="*", type=int, default=None,
+                        help="seeds that also get a shuffled control (default: all of --seeds)")
     parser.add_argument("--no-control", action="store_true", help="skip the shuffled controls")
     parser.add_argument("--out", type=Path, default=Path("runs/learning"))
     parser.add_argument("--report-only", action="store_true", help="only read OUT")
     args = parser.parse_args(argv)
-    runs = [(s, c) for s in args.seeds for c in ((False,) if args.no_control else (False, True))]
+    controls = [] if args.no_control else (
+        args.seeds if args.control_seeds is None else args.control_seeds)
+    runs = [(s, False) for s in args.seeds] + [(s, True) for s in controls]
     for seed, control in runs:
         if args.report_only:
             break
@@ -114,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run_name(seed, control)} exited {code}; its row will be missing", flush=True)
     results = {run_name(s, c): read_result(args.out / run_name(s, c)) for s, c in runs}
     print("\n".join(table_lines(results)))
+    print(f"reward curves: {write_reward_curves(args.out, list(results))} (data: reward_curves.json)")
     return 0 if verdict(results)["meets_bar"] else 1
 
 
