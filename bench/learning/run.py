@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo's rooms
+
 RISE_POINTS = 20.0  # issue 18: the held-out pass rate rises by >= 20 points ...
 RISE_SEEDS = 3  # ... in at least 3 of 4 seeds
 CONTROL_MAX_POINTS = 5.0  # ... and the shuffled control by no more than 5 in any
