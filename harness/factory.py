@@ -12,8 +12,9 @@ never hides a policy's failure and never costs engine time twice. Every result i
 `factory.counts` (by cause) before it is returned; `factory.retries` counts retried attempts.
 
 Task selection: `seed=k` picks `split[k % len(split)]` unless `task` names one (a Harbor Task, a
-task directory, or a task name in the split; a name the split lacks raises); every rollout of a GRPO group passes the same seed,
-so the group shares one task. With neither, tasks are taken round-robin.
+task directory, or a task name in the split; a name the split lacks raises); every rollout of a
+GRPO group passes the same seed, so the group shares one task. With neither, tasks are taken
+round-robin.
 
 The proxy: `proxy_url` is a running capture proxy (its admin key from `admin_key=` or
 $HARNESS_CAPTURE_ADMIN_KEY). With `proxy_url=None` and `llm_url=` an engine, the factory starts

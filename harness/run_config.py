@@ -37,8 +37,8 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "qui
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 TRAIN_ONLY = frozenset({"groups_per_step", "steps", "learning_rate", "resume", "weight_sync",
-                        "reward_fn", "reward_funcs", "report_to", "shuffle_rewards", "shuffle_tasks",
-                        "eval_tasks", "eval_rollouts_per_task", "rollout_service",
+                        "reward_fn", "reward_funcs", "report_to", "shuffle_rewards",
+                        "shuffle_tasks", "eval_tasks", "eval_rollouts_per_task", "rollout_service",
                         "rollout_service_key_file"})
 
 
