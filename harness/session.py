@@ -597,9 +597,9 @@ class HarborSession(ResourceSession):
             ) from exc
 
     def _call_ceiling(self) -> int:
-        """Engine calls after which the session stops the agent itself.
+        """Engine calls the agent may make; the session stops it when it starts one more.
 
-        A CLI without a step option (Codex) is stopped at max_steps. A CLI with one gets room
+        A CLI without a step option (Codex) gets max_steps. A CLI with one gets room
         above it: its own limit is soft (opencode's `steps` only withdraws the tools, and a model
         that calls tools anyway went on for 65 calls in 120 s, measured against capture's fake
         engine), and aux calls (titles, summaries) count at the proxy too.
@@ -608,11 +608,17 @@ class HarborSession(ResourceSession):
         return steps * 2 + 4 if self.config.agent_cls.NATIVE_STEP_LIMIT else steps
 
     async def _step_guard(self, task: asyncio.Task[None], ceiling: int) -> None:
-        """Stop the agent once the proxy counted `ceiling` engine calls in this session."""
+        """Stop the agent once it starts engine call `ceiling + 1` in this session.
+
+        Not at call `ceiling`: that call is the agent's last allowed step, and stopping the
+        agent while it is in flight cut its reply and lost the turn, and the tools the reply
+        asked for never ran (every 1-step Codex rollout kept no turn at all). The call started
+        past the ceiling is cut instead, and a cut call is never recorded as a turn.
+        """
         while not task.done():
             await asyncio.sleep(_STEP_POLL_S)
             with contextlib.suppress(Exception):
-                if await self._model_calls() >= ceiling:
+                if await self._model_calls() > ceiling:
                     log.info("%s reached %d engine calls; stopping it", self._agent_name(), ceiling)
                     await cancel_and_wait(task)
                     return

@@ -13,7 +13,7 @@ import pytest
 
 from capture.fake_engine import FakeEngine
 from harness.factory import HarborSessionFactory
-from tests.test_factory_causes import CALL, HELLO, script_agent
+from tests.test_factory_causes import CALL, HELLO, SOLVE, script_agent
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +36,32 @@ def test_an_agent_without_a_native_step_limit_is_stopped_after_max_steps_engine_
     finally:
         factory.close()
     # 5 calls 1.5 s apart would take >= 7.5 s; the guard polls every 1 s and stops the agent
-    # once the proxy counted 2 calls (~1.5-2.5 s in). The identical requests are retries of one
+    # once the proxy counted a 3rd call (~3-4 s in). The identical requests are retries of one
     # prompt to the proxy's graph, so the trace keeps one turn: count time, not turns.
     # Stopped at its step limit: `timed_out` (issue 15), its turns still trained.
     assert result.cause == "timeout", result.error
     assert result.trace is not None and result.outcome is not None
     assert result.outcome.timed_out is True
     assert result.timings["agent_run"] < 6.0
+
+
+def test_the_last_allowed_call_keeps_its_reply_and_the_tools_it_asked_for_run():
+    # Each reply takes ~3 s (24 tokens at 125 ms), longer than the guard's 1 s poll. With
+    # max_steps=1 the agent's one call must finish, and what it does with the reply (here: solve
+    # the task) must run; the guard stops it only when it starts a 2nd call. Stopping it at the
+    # 1st call's start cut the reply: no turn, nothing solved (every 1-step Codex rollout).
+    agent = script_agent(f"{CALL}; {SOLVE}; {CALL}; sleep 60", agent_name="no-step-knob")
+    agent.NATIVE_STEP_LIMIT = False
+    with FakeEngine(token_delay_s=0.125) as slow:
+        factory = HarborSessionFactory(
+            None, split=[HELLO], harness=agent, llm_url=slow.url, max_steps=1,
+            agent_timeout_s=60, max_attempts=1,
+        )
+        try:
+            result = asyncio.run(factory.rollout(seed=0))
+        finally:
+            factory.close()
+    assert result.cause == "timeout", result.error  # stopped at its step limit
+    assert result.trace is not None and len(result.trace.turns) == 1
+    assert result.env_reward == 1.0  # the step's action ran before the agent was stopped
+    assert result.timings["agent_run"] < 30.0  # stopped at its 2nd call, not after its sleep

@@ -24,8 +24,9 @@ Adding an agent is one small class
      `env()`           -> {VAR: value}                    (the agent process's environment)
      `command(instruction)` -> argv, starting with `*self.binary()`
    Never write outside HOME, never read the host's environment. If the CLI has no step-limit
-   option, set `NATIVE_STEP_LIMIT = False` and the session stops it after `max_steps` engine
-   calls (counted at the proxy); agents with a knob get a hard ceiling of 2 * max_steps + 4.
+   option, set `NATIVE_STEP_LIMIT = False` and the session stops it when it starts engine call
+   max_steps + 1 (counted at the proxy); agents with a knob get a hard ceiling of 2 * max_steps
+   + 4 calls.
 3. Add it to `AGENTS` below. `tests/test_agents_config.py` checks every registered agent's
    config for the endpoint, the secret, HOME confinement and the step limit; add one
    end-to-end run to `tests/test_agents_e2e.py`.

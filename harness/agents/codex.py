@@ -5,8 +5,8 @@ Wire facts (DESIGN.md section 5): `$CODEX_HOME/config.toml` with a `model_provid
 --dangerously-bypass-approvals-and-sandbox ...`. `OPENAI_BASE_URL` alone is not honoured.
 `CODEX_HOME` is a directory under the sandbox HOME; the secret reaches Codex only through the
 environment variable its `env_key` names. Codex has no turn-limit option, so the session
-stops it after `max_steps` engine calls counted at the proxy (`NATIVE_STEP_LIMIT = False`);
-the timeout still applies.
+stops it when it starts engine call `max_steps + 1`, counted at the proxy (`NATIVE_STEP_LIMIT =
+False`): its last allowed reply and the tools it asks for run; the timeout still applies.
 """
 
 from __future__ import annotations
