@@ -22,19 +22,23 @@ def fake_engine():
         yield engine
 
 
+def _rollout_without_step_knob(script: str, engine_url: str, *, max_steps: int):
+    """One rollout of a shell-script agent with no step option of its own (as Codex)."""
+    agent = script_agent(script, agent_name="no-step-knob")
+    agent.NATIVE_STEP_LIMIT = False
+    factory = HarborSessionFactory(None, split=[HELLO], harness=agent, llm_url=engine_url,
+                                   max_steps=max_steps, agent_timeout_s=60, max_attempts=1)
+    try:
+        return asyncio.run(factory.rollout(seed=0))
+    finally:
+        factory.close()
+
+
 def test_an_agent_without_a_native_step_limit_is_stopped_after_max_steps_engine_calls(
     fake_engine,
 ):
-    agent = script_agent("; ".join([f"{CALL}; sleep 1.5"] * 5), agent_name="no-step-knob")
-    agent.NATIVE_STEP_LIMIT = False
-    factory = HarborSessionFactory(
-        None, split=[HELLO], harness=agent, llm_url=fake_engine.url, max_steps=2,
-        agent_timeout_s=60, max_attempts=1,
-    )
-    try:
-        result = asyncio.run(factory.rollout(seed=0))
-    finally:
-        factory.close()
+    result = _rollout_without_step_knob("; ".join([f"{CALL}; sleep 1.5"] * 5), fake_engine.url,
+                                        max_steps=2)
     # 5 calls 1.5 s apart would take >= 7.5 s; the guard polls every 1 s and stops the agent
     # once the proxy counted a 3rd call (~3-4 s in). The identical requests are retries of one
     # prompt to the proxy's graph, so the trace keeps one turn: count time, not turns.
@@ -50,17 +54,9 @@ def test_the_last_allowed_call_keeps_its_reply_and_the_tools_it_asked_for_run():
     # max_steps=1 the agent's one call must finish, and what it does with the reply (here: solve
     # the task) must run; the guard stops it only when it starts a 2nd call. Stopping it at the
     # 1st call's start cut the reply: no turn, nothing solved (every 1-step Codex rollout).
-    agent = script_agent(f"{CALL}; {SOLVE}; {CALL}; sleep 60", agent_name="no-step-knob")
-    agent.NATIVE_STEP_LIMIT = False
     with FakeEngine(token_delay_s=0.125) as slow:
-        factory = HarborSessionFactory(
-            None, split=[HELLO], harness=agent, llm_url=slow.url, max_steps=1,
-            agent_timeout_s=60, max_attempts=1,
-        )
-        try:
-            result = asyncio.run(factory.rollout(seed=0))
-        finally:
-            factory.close()
+        result = _rollout_without_step_knob(f"{CALL}; {SOLVE}; {CALL}; sleep 60", slow.url,
+                                            max_steps=1)
     assert result.cause == "timeout", result.error  # stopped at its step limit
     assert result.trace is not None and len(result.trace.turns) == 1
     assert result.env_reward == 1.0  # the step's action ran before the agent was stopped
