@@ -172,7 +172,9 @@ def _help(name: str) -> str:
         "harness": f"agent to train: {', '.join(HARNESSES)}",
         "model": "HF model dir, or hub id org/name[@revision] (downloaded once, same commit for "
                  "engine and trainer; default: the committed tiny model warm-started on the "
-                 "create-file family's train tasks, models/tiny-qwen3-create-file)",
+                 "create-file family's train tasks in the agent's own format: "
+                 "models/tiny-qwen3-create-file-codex for codex, "
+                 "models/tiny-qwen3-create-file for the others)",
         "tasks": "Harbor tasks: family:train / family:heldout (the generated create-file "
                  "family), 'bundled', a folder, registry:name@version, or hf:org/repo",
         "task_count": "use only the first N tasks",

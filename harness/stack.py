@@ -118,17 +118,22 @@ class RunStack:
             raise
         return self
 
-    def _start(self) -> None:
+    def resolve_model(self) -> ResolvedModel:
+        """The one local directory the engine and the trainer load: a hub id is downloaded here,
+        once, at one commit (launchers/models.py), so both load the same revision; no --model
+        is the committed warm start for this run's agent."""
         s = self.settings
-        t0 = time.perf_counter()
-        # One local directory for the engine and the trainer: a hub id is downloaded here, once,
-        # at one commit (launchers/models.py), so both load the same revision.
         try:
-            self.model = resolve_model(s.model)
+            self.model = resolve_model(s.model, harness=s.harness)
         except ModelError as exc:  # a settings problem to train/eval: reported, exit code 2
             raise SettingsError([str(exc)]) from exc
         self.model_path = self.model.path
-        log.info("model: %s", self.model.describe())
+        return self.model
+
+    def _start(self) -> None:
+        s = self.settings
+        t0 = time.perf_counter()
+        log.info("model: %s", self.resolve_model().describe())
         self.timings["model_s"] = time.perf_counter() - t0
         self._choose_weight_backend()
         log.info("weight sync: %s", self.backend_reason)

@@ -77,20 +77,25 @@ def _check_local(path: Path, spec: str) -> None:
                          "(config.json, tokenizer, *.safetensors) or a hub id like Qwen/Qwen3-4B")
 
 
-def resolve_model(spec: str | None, *, endpoint: str | None = None,
+def resolve_model(spec: str | None, *, harness: str | None = None, endpoint: str | None = None,
                   token: str | bool | None = None) -> ResolvedModel:
     """The local directory every process of the run should load `spec` from.
 
     None is the default model: the tiny model warm-started on the create-file family's train
-    tasks (committed under models/tiny-qwen3-create-file by launchers/warm_model.py, its files
+    tasks in `harness`'s own prompt format (committed under models/: tiny-qwen3-create-file by
+    launchers/warm_model.py for the other agents and no harness;
+    tiny-qwen3-create-file-codex by launchers/warm_agent_model.py for codex; its files
     checked against BUILD.json; a run's --seed sets its sampling and training, not which model it
     starts from); an existing directory is used as
     is; `org/name[@rev]` is downloaded from the hub (or found in its cache) at one commit.
     `endpoint`/`token` default to huggingface_hub's own (HF_ENDPOINT, HF_TOKEN or the saved login).
     """
     if spec is None:
+        from launchers.warm_agent_model import AGENT_WARM_MODELS, committed_agent_warm_model
         from launchers.warm_model import committed_warm_model
 
+        if harness in AGENT_WARM_MODELS:
+            return ResolvedModel(committed_agent_warm_model(harness), "tiny")
         return ResolvedModel(committed_warm_model(), "tiny")
     path = Path(spec).expanduser()
     if path.exists():

@@ -92,28 +92,31 @@ def committed_warm_model(directory: Path = WARM_MODEL) -> Path:
     return directory
 
 
-def capture_train_traces(out: Path) -> list[dict]:
-    """Scripted solutions of every train instance, captured through the real stack (step 1)."""
+def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dict]:
+    """Scripted solutions of every train instance, captured through the real stack (step 1):
+    the `harness` agent's CLI, its own prompts and tool schema, the proxy, the verifiers."""
     from capture import CaptureServer
     from harness.factory import HarborSessionFactory
     from harness.run_records import RecordingFactory
     from harness.tasks.family import family_tasks
-    from tests.scripted_engine import ScriptedEngine, shell_tool_name, tool_call
+    from tests.scripted_engine import ScriptedEngine, shell_call
 
     tasks = family_tasks("train")
     by_instruction = {t.instruction.strip(): t.metadata for t in tasks}
 
     def policy(request: dict) -> str:
-        name = shell_tool_name(request)
+        if not request.get("tools"):  # an agent's side call (Claude Code's title)
+            return "A title"
         if any(m.get("role") == "tool" for m in request["messages"]):
-            return tool_call(name, command=_SUBMIT)
+            # mini-swe-agent ends an episode with its submit command; the others by answering.
+            return shell_call(request, _SUBMIT) if harness == "mini-swe-agent" else "Done."
         text = json.dumps(request["messages"])
         meta = next(m for i, m in by_instruction.items() if json.dumps(i)[1:-1] in text)
-        return tool_call(name, command=f"echo {meta['word']} > {meta['file']}")
+        return shell_call(request, f"echo {meta['word']} > {meta['file']}")
 
     with ScriptedEngine(build_tiny_model(), policy) as engine, CaptureServer(engine.url) as proxy:
         factory = RecordingFactory(HarborSessionFactory(
-            proxy.admin_url, admin_key=proxy.admin_key, split=tasks, harness="mini-swe-agent",
+            proxy.admin_url, admin_key=proxy.admin_key, split=tasks, harness=harness,
             llm_url=engine.url, model="tiny", sampling={"temperature": 1.0, "max_tokens": 256},
             max_concurrent_rollouts=4, agent_timeout_s=150, max_steps=4), out)
 
@@ -170,6 +173,18 @@ def synthetic_instructions(vocab: Iterable[str], count: int, seed: int
         out.append((name, word, TEMPLATES[rng.randrange(len(TEMPLATES))].format(name=name,
                                                                                  word=word)))
     return out
+
+
+def tally_first_turn(counts: dict[str, int], command: str | None, meta: dict) -> None:
+    """Count one sampled first turn into `counts`: "formed" (a shell call, its command given),
+    "word" and "file" (each half of `echo WORD > NAME` right on its own), "pass" (both)."""
+    call = re.fullmatch(r"echo (\S+) > (?:/app/)?(\S+)", command.strip()) if command else None
+    word, file = (call.group(1) == meta["word"], call.group(2) == meta["file"]) if call \
+        else (False, False)
+    counts["formed"] += command is not None
+    counts["word"] += word
+    counts["file"] += file
+    counts["pass"] += word and file
 
 
 class _Trainer:
@@ -279,14 +294,7 @@ class _Trainer:
             for reply in self._sample(self._prompt(text, self.instr[task]), samples):
                 total += 1
                 found = re.search(r'"command": "(.*?)"\}\}\n</tool_call>', reply)
-                call = re.fullmatch(r"echo (\S+) > (?:/app/)?(\S+)",
-                                    found.group(1).strip()) if found else None
-                word, file = (call.group(1) == meta["word"], call.group(2) == meta["file"]) \
-                    if call else (False, False)
-                counts["formed"] += found is not None
-                counts["word"] += word
-                counts["file"] += file
-                counts["pass"] += word and file
+                tally_first_turn(counts, found.group(1) if found else None, meta)
         return {**{k: round(v / total, 3) for k, v in counts.items()}, "n": total}
 
     def probe_submit(self, samples: int) -> dict:
@@ -353,7 +361,8 @@ def build_warm_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEP
             "first_turn_probe": {"before": before, "after": after}}
 
 
-def commit(built: Path, record: dict, directory: Path = WARM_MODEL) -> Path:
+def commit(built: Path, record: dict, directory: Path = WARM_MODEL, rebuild: str = REBUILD
+           ) -> Path:
     import hashlib
 
     import torch
@@ -364,7 +373,7 @@ def commit(built: Path, record: dict, directory: Path = WARM_MODEL) -> Path:
     files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
              for p in sorted(staging.iterdir()) if p.is_file()}
     (staging / "BUILD.json").write_text(json.dumps(
-        {**record, "torch": torch.__version__, "built_by": REBUILD, "files": files}, indent=1)
+        {**record, "torch": torch.__version__, "built_by": rebuild, "files": files}, indent=1)
         + "\n")
     shutil.rmtree(directory, ignore_errors=True)
     staging.rename(directory)

@@ -198,6 +198,23 @@ def test_the_defaults_resolve_the_learning_rate_and_the_held_out_split_from_the_
         "family:heldout")
 
 
+@pytest.mark.parametrize(("harness", "model"), [
+    ("mini-swe-agent", "tiny-qwen3-create-file"), ("opencode", "tiny-qwen3-create-file"),
+    ("codex", "tiny-qwen3-create-file-codex"), ("claude-code", "tiny-qwen3-create-file"),
+])
+def test_each_agent_runs_the_warm_start_made_for_its_prompts(tmp_path: Path, harness: str,
+                                                              model: str) -> None:
+    """No --model: the engine and the trainer load the committed warm start of --harness (one
+    taught on another agent's prompts answers Codex's with no tool call: 0 of 96)."""
+    from harness.stack import RunStack
+
+    stack = RunStack(parse(["--harness", harness]), tmp_path, weight_transfer=False)
+    assert stack.resolve_model().path == REPO_ROOT / "models" / model == stack.model_path
+    base = str(REPO_ROOT / "models" / "tiny-qwen3")
+    own = RunStack(parse(["--harness", "codex", "--model", base]), tmp_path, weight_transfer=False)
+    assert own.resolve_model().path == REPO_ROOT / "models" / "tiny-qwen3"  # --model wins
+
+
 def test_the_trainer_trains_the_tasks_every_rollout_service_loads_and_is_told_their_order() -> None:
     from harness.train import _train_task_names
 
