@@ -53,7 +53,6 @@ import copy
 import json
 import random
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -68,6 +67,9 @@ from launchers.warm_model import (
     capture_train_traces,
     commit,
     committed_warm_model,
+    completion_loss,
+    round_trip_text,
+    save_model,
     synthetic_instructions,
     tally_first_turn,
 )
@@ -206,10 +208,7 @@ class _AgentWarmStart:
                                              self._text(turns[0]["completion_token_ids"]))
 
     def _text(self, ids: list[int]) -> str:
-        text = self.tok.decode(ids, skip_special_tokens=False)
-        if self.tok.encode(text, add_special_tokens=False) != ids:
-            raise RuntimeError("a captured turn does not round-trip through the tokenizer")
-        return text
+        return round_trip_text(self.tok, ids)
 
     def _ids(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
@@ -258,7 +257,7 @@ class _AgentWarmStart:
         for step in range(1, steps + 1):
             batch = self.rng.sample(data, min(BATCH, len(data)))
             if prefix is None:
-                loss = self._plain_loss(batch)
+                loss = completion_loss(self.model, batch, self.tok.pad_token_id or 0)
             else:
                 prefix.refresh()
                 loss = prefix.loss(batch)
@@ -269,18 +268,6 @@ class _AgentWarmStart:
             if step % 25 == 0 or step == steps:
                 log(f"  {stage}, step {step}/{steps}: loss {loss.item():.3f} "
                     f"({time.monotonic() - started:.0f} s)")
-
-    def _plain_loss(self, batch: list[tuple[list[int], list[int]]]) -> Any:
-        torch = self.torch
-        width = max(len(p) + len(c) for p, c in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        labels = torch.full((len(batch), width), -100)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (p, c) in enumerate(batch):
-            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-            mask[i, :len(p) + len(c)] = 1
-            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
-        return self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
     def probe(self, split: str, samples: int, prefix: PrefixSFT) -> dict:
         """First-turn rates at T=1: {"pass", "word", "file", "formed", "n"}, as
@@ -332,12 +319,7 @@ def build_agent_warm_model(harness: str, out: Path, *, seed: int = SEED,
     warm.sft(full_steps, full, lr=lr, prefix=prefix, log=log, stage="the agent's whole prompt")
     after = {s: warm.probe(s, samples, prefix) for s in ("heldout", "train")}
     log(f"after: {after}")
-    out.mkdir(parents=True, exist_ok=True)
-    warm.model.save_pretrained(out)
-    warm.tok.save_pretrained(out)
-    for name in ("chat_template.jinja", "generation_config.json"):
-        if (base / name).exists():
-            shutil.copy(base / name, out / name)
+    save_model(out, warm.model, warm.tok, base)
     return {"base": base.name, "harness": harness, "seed": seed, "bare_steps": bare_steps,
             "short_steps": short_steps, "full_steps": full_steps, "synthetic": synthetic_count,
             "lr": lr,

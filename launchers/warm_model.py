@@ -187,6 +187,40 @@ def tally_first_turn(counts: dict[str, int], command: str | None, meta: dict) ->
     counts["pass"] += word and file
 
 
+def round_trip_text(tok: Any, ids: list[int]) -> str:
+    """The text of captured token ids, refused unless it encodes back to exactly those ids (a
+    prompt rebuilt from text must be the one the engine saw)."""
+    text = tok.decode(ids, skip_special_tokens=False)
+    if tok.encode(text, add_special_tokens=False) != ids:
+        raise RuntimeError("a captured turn does not round-trip through the tokenizer")
+    return text
+
+
+def completion_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad: int) -> Any:
+    """Mean cross-entropy over the completion tokens of (prompt, completion) rows, padded."""
+    import torch
+
+    width = max(len(p) + len(c) for p, c in batch)
+    ids = torch.full((len(batch), width), pad)
+    labels = torch.full((len(batch), width), -100)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, (p, c) in enumerate(batch):
+        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+        mask[i, :len(p) + len(c)] = 1
+        labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+    return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+
+def save_model(out: Path, model: Any, tok: Any, base: Path) -> None:
+    """An HF model dir: the weights, the tokenizer and the base's chat template."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    for name in ("chat_template.jinja", "generation_config.json"):
+        if (base / name).exists():
+            shutil.copy(base / name, out / name)
+
+
 class _Trainer:
     """SFT and the probe on one model (steps 2 and 3)."""
 
@@ -218,10 +252,7 @@ class _Trainer:
                         if self.meta[t]["split"] == "heldout"}
 
     def _text(self, ids: list[int]) -> str:
-        text = self.tok.decode(ids, skip_special_tokens=False)
-        if self.tok.encode(text, add_special_tokens=False) != ids:
-            raise RuntimeError("a captured prompt does not round-trip through the tokenizer")
-        return text
+        return round_trip_text(self.tok, ids)
 
     def _prompt(self, text: str, instruction: str, cut: str = "full") -> list[int]:
         """The ids of a first-turn prompt: "full" as captured, "short" cut right after the
@@ -264,15 +295,7 @@ class _Trainer:
         started = time.monotonic()
         for step in range(1, steps + 1):
             batch = self.rng.sample(data, min(BATCH, len(data)))
-            width = max(len(p) + len(c) for p, c in batch)
-            ids = torch.full((len(batch), width), self.pad)
-            labels = torch.full((len(batch), width), -100)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, (p, c) in enumerate(batch):
-                ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-                mask[i, :len(p) + len(c)] = 1
-                labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
-            loss = self.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss = completion_loss(self.model, batch, self.pad)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -349,12 +372,7 @@ def build_warm_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEP
     after = {s: trainer.probe(s, samples) for s in ("heldout", "train")}
     after["second_turn"] = trainer.probe_submit(samples)
     log(f"after SFT: {after}")
-    out.mkdir(parents=True, exist_ok=True)
-    trainer.model.save_pretrained(out)
-    trainer.tok.save_pretrained(out)
-    for name in ("chat_template.jinja", "generation_config.json"):
-        if (base / name).exists():
-            shutil.copy(base / name, out / name)
+    save_model(out, trainer.model, trainer.tok, base)
     return {"base": base.name, "seed": seed, "bare_steps": bare_steps,
             "short_steps": short_steps, "full_steps": full_steps, "synthetic": synthetic_count,
             "lr": lr, "captured_rollouts": len(records),

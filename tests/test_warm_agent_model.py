@@ -30,7 +30,7 @@ from launchers.warm_agent_model import (
     rebuild_command,
     shared_prefix,
 )
-from launchers.warm_model import WARM_MODEL
+from launchers.warm_model import WARM_MODEL, completion_loss, round_trip_text
 
 
 @pytest.mark.parametrize("harness", sorted(AGENT_WARM_MODELS))
@@ -97,6 +97,10 @@ def test_the_shared_prefix_loss_is_the_whole_sequence_loss() -> None:
             total += model(input_ids=ids, labels=labels).loss.item() * len(completion)
         count += len(completion)
     assert cached.loss(rows).item() == pytest.approx(total / count, rel=1e-5)
+    # The padded batch the bare stage trains on is the same mean.
+    with torch.no_grad():
+        assert completion_loss(model, rows, pad=4088).item() == pytest.approx(total / count,
+                                                                              rel=1e-5)
     # Off by one token (the completion scored from its own first token) is a different number.
     shifted = [(p + c[:1], c[1:]) for p, c in rows if len(c) > 1]
     assert cached.loss(shifted).item() != pytest.approx(total / count, rel=1e-3)
@@ -122,3 +126,17 @@ def test_shared_prefix() -> None:
     assert shared_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == [1, 2]
     assert shared_prefix([[1, 2], [1, 2, 3]]) == [1, 2]
     assert shared_prefix([[7], [8]]) == []
+
+
+def test_a_captured_turn_that_does_not_round_trip_is_refused() -> None:
+    """A prompt rebuilt from text must be the ids the engine saw: "hello" spelt as single
+    letters decodes to text that encodes to other ids."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(WARM_MODEL)
+    ids = tok.encode(" hello world", add_special_tokens=False)
+    assert round_trip_text(tok, ids) == " hello world"
+    letters = [tok.convert_tokens_to_ids(c) for c in "hello"]
+    assert tok.encode("hello", add_special_tokens=False) != letters
+    with pytest.raises(RuntimeError, match="does not round-trip"):
+        round_trip_text(tok, letters)
