@@ -65,9 +65,9 @@ from launchers.warm_model import (
     _BARE,
     WARM_MODEL,
     capture_train_traces,
-    commit,
     committed_warm_model,
     completion_loss,
+    finish_build,
     round_trip_text,
     save_model,
     synthetic_instructions,
@@ -351,15 +351,12 @@ def main(argv: list[str] | None = None) -> int:
             args.harness, out, seed=args.seed, steps=tuple(args.steps) if args.steps else None,
             synthetic_count=args.synthetic, lr=args.lr,
             records=records)
-        if args.commit:
-            directory = REPO_ROOT / "models" / f"tiny-qwen3-create-file-{args.harness}"
-            print(commit(out, record, directory, rebuild=rebuild_command(args.harness)))
-            if args.harness not in AGENT_WARM_MODELS:
-                print(f"add {args.harness!r} to AGENT_WARM_MODELS to make it --harness "
-                      f"{args.harness}'s default model")
-        else:
-            (out / "BUILD.json").write_text(json.dumps(record, indent=1) + "\n")
-            print(out)
+        directory = REPO_ROOT / "models" / f"tiny-qwen3-create-file-{args.harness}"
+        print(finish_build(out, record, directory if args.commit else None,
+                           rebuild=rebuild_command(args.harness)))
+        if args.commit and args.harness not in AGENT_WARM_MODELS:
+            print(f"add {args.harness!r} to AGENT_WARM_MODELS to make it --harness "
+                  f"{args.harness}'s default model")
     return 0
 
 

@@ -418,12 +418,18 @@ def main(argv: list[str] | None = None) -> int:
         record = build_warm_model(out, seed=args.seed, bare_steps=args.bare_steps,
                                   short_steps=args.short_steps, full_steps=args.full_steps,
                                   synthetic_count=args.synthetic, lr=args.lr)
-        if args.commit:
-            print(commit(out, record))
-        else:
-            (out / "BUILD.json").write_text(json.dumps(record, indent=1) + "\n")
-            print(out)
+        print(finish_build(out, record, WARM_MODEL if args.commit else None))
     return 0
+
+
+def finish_build(out: Path, record: dict, directory: Path | None, rebuild: str = REBUILD
+                 ) -> Path:
+    """Commit the build in `out` to `directory` (hashed BUILD.json), or, with no directory,
+    leave it in `out` with its BUILD.json; returns where it is."""
+    if directory is not None:
+        return commit(out, record, directory, rebuild=rebuild)
+    (out / "BUILD.json").write_text(json.dumps(record, indent=1) + "\n")
+    return out
 
 
 if __name__ == "__main__":
