@@ -1,9 +1,10 @@
-"""Warm starts for the agents whose prompts are not mini-swe-agent's: Codex and Claude Code.
+"""Warm starts for the agents whose prompts are not mini-swe-agent's: Codex, opencode, Claude Code.
 
 Why it exists (issue 18 item 6): the default model (launchers/warm_model.py) learnt to read the
 create-file instruction inside mini-swe-agent's ~1,000-token prompt and to answer with its `bash`
-call. Codex sends a 13.2k-token prompt and wants `exec_command` with a `cmd`; Claude Code sends
-17.4k tokens and wants `Bash` with a `command` and a `description`. On those the default model
+call. Codex sends a 13.2k-token prompt and wants `exec_command` with a `cmd`; opencode sends
+9.7k tokens and wants `bash`; Claude Code sends 17.4k tokens and wants `Bash` with a `command`
+and a `description`. On those the default model
 answers with no call at all (a `--harness codex` run: 0 of 96 held-out before and after, every
 group zero variance), so RL has nothing to move. This teaches it each agent's own format the way
 the default was taught, from traces captured through the proxy:
@@ -27,16 +28,21 @@ only its own tail against them; so the loss is exactly the whole sequence's (tes
 the gradient through the prefix's keys and values is left out. The RL trainer, which trains the
 whole sequence, is what moves those.
 
-Codex's build is committed under models/tiny-qwen3-create-file-codex/ (1.3 MB, BUILD.json with
-every file's sha256) and is what `--model` resolves to for `--harness codex`
-(AGENT_WARM_MODELS):
+Codex's and opencode's builds are committed under models/tiny-qwen3-create-file-{codex,opencode}/
+(1.3 MB each, BUILD.json with every file's sha256) and are what `--model` resolves to for
+`--harness codex` / `opencode` (AGENT_WARM_MODELS):
 
     .venv/bin/python -m launchers.warm_agent_model --harness codex --commit
+    .venv/bin/python -m launchers.warm_agent_model --harness opencode --commit
     .venv/bin/python -m launchers.warm_agent_model --harness claude-code --out DIR
 
 Measured 2026-12-02 (2 cores; 4 T=1 samples per prompt, 48 held-out and 144 train):
 - Codex (200 bare + 250 full steps, 7.5 min after a 1 min capture): held-out pass 0% -> 42%
   (word 75%, file 42%, a well-formed call 100%), train 51%.
+- opencode (200 bare + 80 full steps, 2.5 min after a 2.5 min capture): held-out pass 0% -> 27%
+  (word 60%, file 42%, well-formed 98%), train 32%. Its instruction is the prompt's last message
+  after a 9.7k-token shared prefix, so it learns fast: 40 full steps gave 4% (file 4%), 250 gave
+  85%, which would leave RL little to show; 80 leaves it as much room as mini-swe-agent's start.
 - Claude Code (200 bare + 200 short + 60 full steps, ~26 min of which the full stage is 21 s a
   step, partly beside other runs): a well-formed `Bash` call 100%, the held-out word 81%, the
   file 0% (it names files after words of the ~3.4k tokens of skills and reminders Claude Code
@@ -80,12 +86,14 @@ __all__ = ["AGENT_WARM_MODELS", "build_agent_warm_model", "committed_agent_warm_
 # The agents this script builds for, and those whose build is committed (the default model of
 # that --harness). Claude Code's build is not committed: see the module docstring.
 AGENTS = ("codex", "claude-code", "opencode")
-AGENT_WARM_MODELS = {h: REPO_ROOT / "models" / f"tiny-qwen3-create-file-{h}" for h in ("codex",)}
+AGENT_WARM_MODELS = {h: REPO_ROOT / "models" / f"tiny-qwen3-create-file-{h}"
+                     for h in ("codex", "opencode")}
 LR, BATCH, SEED, SYNTHETIC = 2e-3, 8, 0, 600
 # (bare, short, full) steps per agent. Codex's instruction is the prompt's last message, so its
 # whole prompt is cheap once the prefix is cached; Claude Code's is followed by ~3.4k tokens that
-# every row must run (~1 s a row), so most of its steps are on the prompt cut after it.
-STEPS = {"codex": (200, 0, 250), "claude-code": (200, 200, 60), "opencode": (200, 0, 250)}
+# every row must run (~1 s a row), so most of its steps are on the prompt cut after it. opencode's
+# 80 full steps leave RL room (250 reached 85% held-out; module docstring).
+STEPS = {"codex": (200, 0, 250), "claude-code": (200, 200, 60), "opencode": (200, 0, 80)}
 # A shell call's command in the agent's own argument (Codex `cmd`, the others `command`).
 _COMMAND = re.compile(r'"(?:cmd|command)": "((?:[^"\\]|\\.)*)"')
 

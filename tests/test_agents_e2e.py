@@ -14,6 +14,7 @@ for the whole chain: cause "ok", reward 1.0, one tool call counted, the agent's 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,34 @@ def test_the_agent_solves_a_bundled_task_to_a_trace_and_an_outcome(name, tiny_mo
     assert outcome.env_reward == result.env_reward == 1.0
     assert outcome.tool_call_count == sum(outcome.tool_calls_by_name.values()) == len(commands)
     assert outcome.completion and outcome.completion[-1]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("name", sorted(AGENTS))
+def test_a_one_step_rollout_lets_the_agent_act_in_its_one_step(name, tiny_model_path: Path):
+    """The family tasks run at max_steps=1: the agent's first turn must be an ordinary one that
+    offers its tools and runs the call it gets. opencode's `steps` of 1 made that turn its
+    text-only wrap-up ("MAXIMUM STEPS REACHED ... Do NOT make any tool calls") instead: every
+    opencode rollout of the main command was told not to do the task it was graded on."""
+    requests: list[dict] = []
+    script = shell_task(SOLVE, final=FINAL)
+
+    def recording(request: dict) -> str:
+        requests.append(request)
+        return script(request)
+
+    with ScriptedEngine(tiny_model_path, recording) as engine:
+        factory = HarborSessionFactory(
+            None, split=[BUNDLED_DIR / "hello-file"], harness=name, llm_url=engine.url,
+            model=engine.model, sampling={"temperature": 1.0}, max_tokens=256, max_steps=1,
+            agent_timeout_s=300, max_attempts=1)
+        try:
+            result = asyncio.run(factory.rollout(seed=0))
+        finally:
+            factory.close()
+
+    assert not engine.errors, engine.errors
+    first = next(r for r in requests if r.get("tools"))  # the first call offered tools: no aux
+    assert not [m for m in first["messages"] if m.get("role") == "assistant"], first["messages"]
+    assert "MAXIMUM STEPS" not in json.dumps(first["messages"])
+    assert result.env_reward == 1.0, (result.cause, result.error)  # its one call ran
+    assert result.outcome is not None and result.outcome.timed_out  # and it had no step left

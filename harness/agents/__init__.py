@@ -1,7 +1,7 @@
 """Agents: black-box coding-agent CLIs pointed at one capture-proxy session each.
 
     name             class             dialect     step limit
-    opencode         OpenCodeAgent     chat        opencode.json agent.build.steps
+    opencode         OpenCodeAgent     chat        opencode.json agent.build.steps (+ 1)
     claude-code      ClaudeCodeAgent   messages    --max-turns
     codex            CodexAgent        responses   none in the CLI: the session counts turns
     mini-swe-agent   MiniSweAgent      chat        agent.step_limit

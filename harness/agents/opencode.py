@@ -5,7 +5,10 @@ Wire facts (DESIGN.md section 5): a provider in `opencode.json` with
 `opencode run -m <provider>/<model>`. It fires a title-generator call first (an aux turn).
 The config goes to `$HOME/.config/opencode/opencode.json` inside the sandbox and is also named
 by `OPENCODE_CONFIG`, so no project or host config can replace the endpoint. Step limit: the
-`build` agent's `steps`. Models, LSP and update downloads are switched off: the sandbox has no
+`build` agent's `steps`, set to max_steps + 1. opencode's last step is its wrap-up: it sends a
+"MAXIMUM STEPS REACHED ... respond with text only" assistant message after the history, so a
+`steps` of N leaves N - 1 steps to act in. With `steps` = max_steps (as before) a 1-step rollout's
+only turn was the wrap-up, and the model was told not to touch the task it was graded on. Models, LSP and update downloads are switched off: the sandbox has no
 network but the proxy, and each attempt would cost a timeout.
 """
 
@@ -49,8 +52,14 @@ class OpenCodeAgent(HarnessAgent):
                     "models": {model: {"name": model}},
                 }
             },
-            "agent": {"build": {"steps": self.max_steps}},
+            "agent": {"build": {"steps": self.max_steps + 1}},  # + its wrap-up (module doc)
             "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
+            # Its undo snapshots (a git write-tree of the work dir each step), language servers
+            # and formatters serve an editor, not a graded rollout: 8.0-8.8 -> 9.4-9.5 rollouts
+            # a minute at concurrency 4 without them (2 cores, scripted engine).
+            "snapshot": False,
+            "lsp": False,
+            "formatter": False,
         }
         return {_CONFIG: json.dumps(config, indent=2)}
 
