@@ -34,6 +34,7 @@ from .errors import (
     BadSessionKey,
     CaptureError,
     NothingTrainableError,
+    StepLimitReached,
     UnknownSession,
     UpstreamError,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "CaptureServer",
     "NothingTrainableError",
     "SessionInfo",
+    "StepLimitReached",
     "UnknownSession",
     "UpstreamError",
 ]

@@ -12,7 +12,8 @@ alone, before any body byte is read (capture.guard's `Gate`, before any route ru
 exists (404), the key is this session's own (401, nothing recorded), the session is under its
 memory bound (413), the declared size (413); then content type (415); the size taken (413, Gate
 too); JSON (400); dialect translation (its DialectError status); the engine-field allowlist
-(capture.allowlist: fields are dropped and counted, a `stop` past its bounds is a 400). Only then
+(capture.allowlist: fields are dropped and counted, a `stop` past its bounds is a 400); the
+session's step limit (403 for a call that offers tools past it, capture.sessions). Only then
 is a call id taken and the call recorded (ok or failed), so a rejected request never appears in a
 trace.
 
@@ -49,6 +50,7 @@ from .errors import (
     BadRequest,
     CaptureError,
     EngineNoTokenIds,
+    StepLimitReached,
     UpstreamError,
 )
 from .guard import SESSION, Headers, error_response, header, read_body
@@ -219,7 +221,9 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
     """`start`: the clock and the engine's weight version when the call arrived."""
     try:
         dropped = restrict(chat)  # capture.allowlist: only the trainer's policy reaches the engine
-    except BadRequest as exc:
+        if chat.get("tools"):  # a step of the agent's own (capture.sessions.take_step)
+            session.take_step()
+    except (BadRequest, StepLimitReached) as exc:
         return error_response(exc, dialect)
     enforced = session.policy.enforce(chat)
     chat["logprobs"] = True

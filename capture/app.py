@@ -99,6 +99,7 @@ async def create_session(request: Request) -> Response:
             sampling=body.get("sampling"),
             metadata=body.get("metadata"),
             session_id=body.get("session_id"),
+            step_limit=body.get("step_limit"),
         )
     except CaptureError as exc:
         return error_response(exc)
@@ -109,6 +110,7 @@ async def create_session(request: Request) -> Response:
             "base_urls": _base_urls(state, request, session.session_id),
             "sampling": session.policy.as_dict(),
             "metadata": session.metadata,
+            "step_limit": session.step_limit,
         },
         status_code=201,
     )
@@ -151,6 +153,10 @@ async def session_stats(request: Request) -> Response:
             "n_calls": session.n_calls,
             "n_ok": len(graph),
             "n_failed": len(session.failed),
+            # calls that offered tools (capture.sessions.take_step): served, and refused past
+            # the limit (never recorded, never sent on)
+            "steps": {"limit": session.step_limit, "taken": session.n_steps,
+                      "refused": session.refused_steps},
             "in_flight": session.in_flight,
             "graph": graph.stats(),
             **plan.stats(),

@@ -12,6 +12,8 @@
      ├── SessionError                   the caller, not the engine, is wrong
      │    ├── UnknownSession            no session with that id (404)
      │    └── BadSessionKey             missing or wrong secret / admin key (401); never recorded
+     │    └── StepLimitReached          a call that offers tools past the session's step limit
+     │                                  (403); counted, never recorded, never sent on
      ├── AgentDisconnected              the agent hung up mid-stream; its partial call is failed
      ├── BadRequest                     the agent's body cannot be served (4xx, never recorded):
      │                                  malformed JSON, wrong content type, oversized body, a body the
@@ -38,6 +40,7 @@ __all__ = [
     "EngineUnreachable",
     "NothingTrainableError",
     "SessionError",
+    "StepLimitReached",
     "UnknownSession",
     "UpstreamError",
 ]
@@ -102,6 +105,20 @@ class EngineNoTokenIds(UpstreamError):
 
 class SessionError(CaptureError):
     """The caller named a session it cannot use."""
+
+
+class StepLimitReached(SessionError):
+    """The agent asked for a step past its session's step limit (capture.sessions.take_step).
+
+    403, not 429: no client retries it, so the agent ends at its own error path, and the harness
+    stops it when it sees the refusal counted (harness.session)."""
+
+    status = 403
+
+    def __init__(self, session_id: str, limit: int) -> None:
+        super().__init__(
+            f"session {session_id[:80]} has taken its {limit} step(s) (model calls that offer "
+            "tools): the rollout's step limit; no further step is served")
 
 
 class UnknownSession(SessionError):

@@ -9,7 +9,7 @@ secret does not, and the secret is compared in constant time (`hmac.compare_dige
 Persistence ("nothing captured is lost, nothing is reused"): with a data dir, each session is a
 folder
 
-    <data_dir>/sessions/<id>/session.json   id, secret, sampling, metadata (mode 0600)
+    <data_dir>/sessions/<id>/session.json   id, secret, sampling, metadata, step limit (0600)
     <data_dir>/sessions/<id>/calls.jsonl    one line per completed call, appended as it completes
                                             (capture.calllog: durability policy, torn lines)
 
@@ -65,6 +65,7 @@ from .errors import (
     EngineNoTokenIds,
     EngineTimeout,
     EngineUnreachable,
+    StepLimitReached,
     UnknownSession,
 )
 from .graph import Node, RolloutGraph
@@ -121,6 +122,14 @@ class Session:
     graph: RolloutGraph = field(default_factory=RolloutGraph)
     failed: list[dict[str, Any]] = field(default_factory=list)
     n_calls: int = 0  # calls started (ok + failed + in flight)
+    # A step is a call that offers tools: every coding agent sends its tool manifest on a step of
+    # its own and none on its side calls (titles, summaries, probes; capture.aux). The proxy
+    # refuses a step past `step_limit`, so an agent whose own limit is soft (opencode runs the
+    # tools of its text-only "wrap-up" turn) or missing (Codex) cannot act past it, whatever the
+    # timing; the harness's poll could only stop it after the reply had arrived.
+    step_limit: int | None = None
+    n_steps: int = 0  # steps served (ok + failed + in flight)
+    refused_steps: int = 0
     in_flight: int = 0
     torn_log_lines: int = 0
     lost_calls: int = 0  # logged calls a replay could not restore (their parent line was lost too)
@@ -151,6 +160,13 @@ class Session:
     @property
     def log_path(self) -> Path | None:
         return self.log.path if self.log is not None else None
+
+    def take_step(self) -> None:
+        """Count a call that offers tools; raise StepLimitReached for one past the limit."""
+        if self.step_limit is not None and self.n_steps >= self.step_limit:
+            self.refused_steps += 1
+            raise StepLimitReached(self.session_id, self.step_limit)
+        self.n_steps += 1
 
     def next_call_id(self) -> str:
         """A node id never used before in this session, across proxy restarts (module doc)."""
@@ -256,6 +272,7 @@ class Session:
                 else:
                     raise ValueError(f"unknown record kind {kind!r}")
                 self.n_calls += 1
+                self.n_steps += bool((record.get("info") or record).get("n_tools"))
             except (ValueError, KeyError, TypeError, OverflowError) as exc:
                 self.lost_calls += kind == "call"
                 self.torn_log_lines += kind != "call"
@@ -308,6 +325,7 @@ class Session:
             "metadata": self.metadata,
             "sampling": self.policy.as_dict(),
             "n_calls": self.n_calls,
+            "step_limit": self.step_limit,
         }
 
 
@@ -344,11 +362,14 @@ class SessionStore:
         sampling: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
         session_id: str | None = None,
+        step_limit: int | None = None,
     ) -> Session:
         try:
             policy = SamplingPolicy.from_dict(sampling)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
+        if step_limit is not None and (type(step_limit) is not int or step_limit < 1):
+            raise BadRequest(f"step_limit must be a whole number >= 1 or null, got {step_limit!r}")
         if metadata is not None and not isinstance(metadata, dict):
             raise BadRequest("metadata must be a JSON object")
         if session_id is None:
@@ -357,7 +378,8 @@ class SessionStore:
             raise BadRequest("session_id must match [A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
         if session_id in self._sessions:
             raise BadRequest(f"session {session_id} already exists", status=409)
-        session = Session(session_id, secrets.token_urlsafe(24), policy, dict(metadata or {}))
+        session = Session(session_id, secrets.token_urlsafe(24), policy, dict(metadata or {}),
+                          step_limit=step_limit)
         if self.data_dir is not None:
             folder = self.data_dir / "sessions" / session_id
             try:
@@ -377,6 +399,7 @@ class SessionStore:
                 "sampling": sampling,
                 "metadata": session.metadata,
                 "created_at": session.created_at,
+                "step_limit": step_limit,
             }
             _write_private(folder / "session.json", json.dumps(header).encode())
             session.log = CallLog(folder / "calls.jsonl", self.fsync)
@@ -415,6 +438,7 @@ class SessionStore:
                     SamplingPolicy.from_dict(header.get("sampling")),
                     header.get("metadata") or {},
                     header.get("created_at", time.time()),
+                    step_limit=header.get("step_limit"),
                 )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 logger.error("skipping unreadable session folder %s: %s", folder, exc)

@@ -83,10 +83,13 @@ class ProxyLink:
     # ---- admin calls -----------------------------------------------------------------------------
 
     async def create_session(
-        self, *, sampling: dict[str, Any] | None, metadata: dict[str, Any] | None
+        self, *, sampling: dict[str, Any] | None, metadata: dict[str, Any] | None,
+        step_limit: int | None = None,
     ) -> ProxySession:
+        """`step_limit`: model calls that offer tools the proxy serves (None: no limit)."""
         body = await self._request(
-            "POST", "/admin/sessions", json={"sampling": sampling or None, "metadata": metadata}
+            "POST", "/admin/sessions",
+            json={"sampling": sampling or None, "metadata": metadata, "step_limit": step_limit},
         )
         return ProxySession(body["session_id"], body["secret"], dict(body["base_urls"]))
 
@@ -101,10 +104,12 @@ class ProxyLink:
             "GET", f"/admin/sessions/{session_id}/stats", session_id=session_id
         )
 
-    async def model_calls(self, session_id: str) -> int:
-        """Engine calls the agent made in this session (failed ones included)."""
+    async def model_calls(self, session_id: str) -> tuple[int, int]:
+        """(engine calls the agent made in this session, failed ones included; calls refused
+        past its step limit)."""
         stats = await self.stats(session_id)
-        return int(stats.get("n_calls", stats.get("n_ok", 0)))
+        refused = (stats.get("steps") or {}).get("refused", 0)
+        return int(stats.get("n_calls", stats.get("n_ok", 0))), int(refused)
 
     async def delete_session(self, session_id: str) -> None:
         with contextlib.suppress(ProxySessionLostError):  # already gone: the goal of a delete

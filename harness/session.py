@@ -241,6 +241,7 @@ class HarborSession(ResourceSession):
             t1 = time.monotonic()
             info = await cfg.proxy.create_session(
                 sampling=cfg.sampling,
+                step_limit=cfg.max_steps if cfg.agent_cls.PROXY_STEP_LIMIT else None,
                 metadata={
                     "task_id": self.task_id,
                     "seed": self.seed,
@@ -299,11 +300,12 @@ class HarborSession(ResourceSession):
             raise exc
         assert self._agent is not None and self._agent.result is not None
         self.exit_code = self._agent.result.return_code
-        calls = await self._model_calls()
-        if self.config.agent_cls.NATIVE_STEP_LIMIT and calls >= self.config.max_steps:
+        calls, refused = await self._model_calls()
+        if refused or (self.config.agent_cls.NATIVE_STEP_LIMIT and calls >= self.config.max_steps):
             # The CLI stopped itself at its own step limit (mini-swe-agent's step_limit counts
-            # model calls). One that finished on exactly its last allowed call counts too: it
-            # had no step left, which is what `timed_out` tells a reward function.
+            # model calls), or ended on the proxy's refusal of a step past it. One that finished
+            # on exactly its last allowed call counts too: it had no step left, which is what
+            # `timed_out` tells a reward function.
             self.hit_step_limit = self.timed_out = True
         if self.exit_code != 0 and calls == 0:
             tail = (self._agent.result.stderr or self._agent.result.stdout or "")[-800:]
@@ -608,22 +610,27 @@ class HarborSession(ResourceSession):
         return steps * 2 + 4 if self.config.agent_cls.NATIVE_STEP_LIMIT else steps
 
     async def _step_guard(self, task: asyncio.Task[None], ceiling: int) -> None:
-        """Stop the agent once it starts engine call `ceiling + 1` in this session.
+        """Stop the agent once it starts engine call `ceiling + 1` in this session, or once the
+        proxy refused it a step past its step limit (it may retry or hang on the error).
 
         Not at call `ceiling`: that call is the agent's last allowed step, and stopping the
         agent while it is in flight cut its reply and lost the turn, and the tools the reply
         asked for never ran (every 1-step Codex rollout kept no turn at all). The call started
-        past the ceiling is cut instead, and a cut call is never recorded as a turn.
+        past the ceiling is cut instead, and a cut call is never recorded as a turn. This poll
+        only bounds the run: what the agent may do is bounded by the proxy's refusal, which
+        no reply can outrun.
         """
         while not task.done():
             await asyncio.sleep(_STEP_POLL_S)
             with contextlib.suppress(Exception):
-                if await self._model_calls() > ceiling:
-                    log.info("%s reached %d engine calls; stopping it", self._agent_name(), ceiling)
+                calls, refused = await self._model_calls()
+                if calls > ceiling or refused:
+                    log.info("%s reached its step limit (%d engine calls, %d refused); stopping "
+                             "it", self._agent_name(), calls, refused)
                     await cancel_and_wait(task)
                     return
 
-    async def _model_calls(self) -> int:
+    async def _model_calls(self) -> tuple[int, int]:
         assert self.proxy_session_id is not None
         return await self.config.proxy.model_calls(self.proxy_session_id)
 

@@ -22,7 +22,7 @@ import pytest
 from harness.agents import AGENTS
 from harness.factory import HarborSessionFactory
 from harness.tasks import BUNDLED_DIR
-from tests.scripted_engine import ScriptedEngine, shell_task
+from tests.scripted_engine import ScriptedEngine, shell_call, shell_task
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 
@@ -72,20 +72,27 @@ def test_the_agent_solves_a_bundled_task_to_a_trace_and_an_outcome(name, tiny_mo
     assert outcome.completion and outcome.completion[-1]["role"] == "assistant"
 
 
+UNDO = "rm -f /app/greeting.txt"
+
+
 @pytest.mark.parametrize("name", sorted(AGENTS))
-def test_a_one_step_rollout_lets_the_agent_act_in_its_one_step(name, tiny_model_path: Path):
-    """The family tasks run at max_steps=1: the agent's first turn must be an ordinary one that
-    offers its tools and runs the call it gets. opencode's `steps` of 1 made that turn its
-    text-only wrap-up ("MAXIMUM STEPS REACHED ... Do NOT make any tool calls") instead: every
-    opencode rollout of the main command was told not to do the task it was graded on."""
+def test_a_one_step_rollout_acts_in_its_one_step_and_never_after(name, tiny_model_path: Path):
+    """The family tasks run at max_steps=1. The agent's first turn must be an ordinary one that
+    offers its tools and runs the call it gets: opencode's `steps` of 1 made it its text-only
+    wrap-up ("MAXIMUM STEPS REACHED ... Do NOT make any tool calls"), so every opencode rollout
+    of the main command was told not to do the task it was graded on. And a policy that acts
+    again after its one step (here: undoes its work) must not be served: opencode runs the tools
+    of its wrap-up turn, and a poll stopping the agent comes after the reply."""
     requests: list[dict] = []
-    script = shell_task(SOLVE, final=FINAL)
 
-    def recording(request: dict) -> str:
+    def script(request: dict) -> str:
         requests.append(request)
-        return script(request)
+        if not request.get("tools"):
+            return "A title"
+        acted = sum(1 for r in requests if r.get("tools")) > 1
+        return shell_call(request, UNDO if acted else SOLVE)
 
-    with ScriptedEngine(tiny_model_path, recording) as engine:
+    with ScriptedEngine(tiny_model_path, script) as engine:
         factory = HarborSessionFactory(
             None, split=[BUNDLED_DIR / "hello-file"], harness=name, llm_url=engine.url,
             model=engine.model, sampling={"temperature": 1.0}, max_tokens=256, max_steps=1,
@@ -96,8 +103,11 @@ def test_a_one_step_rollout_lets_the_agent_act_in_its_one_step(name, tiny_model_
             factory.close()
 
     assert not engine.errors, engine.errors
-    first = next(r for r in requests if r.get("tools"))  # the first call offered tools: no aux
+    acting = [r for r in requests if r.get("tools")]
+    first = acting[0]  # the first call that offered tools: no aux call
     assert not [m for m in first["messages"] if m.get("role") == "assistant"], first["messages"]
     assert "MAXIMUM STEPS" not in json.dumps(first["messages"])
-    assert result.env_reward == 1.0, (result.cause, result.error)  # its one call ran
+    assert len(acting) == 1, [r["messages"][-1] for r in acting]  # no 2nd step reached the engine
+    assert result.env_reward == 1.0, (result.cause, result.error)  # its one call ran, alone
     assert result.outcome is not None and result.outcome.timed_out  # and it had no step left
+    assert result.outcome.tool_call_count == 1

@@ -344,3 +344,42 @@ def streamed_message(text: str) -> dict:
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     return message
+
+
+def test_a_step_past_the_step_limit_is_refused_unsent_and_unrecorded(fake, tmp_path):
+    """A step is a call that offers tools. Past the session's step limit the proxy answers 403
+    and the engine never sees the call, so an agent whose own limit is soft (opencode runs the
+    tools of its wrap-up turn) cannot act past it however fast the engine answers. Side calls
+    (no tools: titles, summaries) are not steps. The limit and the count survive a restart."""
+    data_dir = tmp_path / "capture"
+    with CaptureServer(fake.url, data_dir=data_dir) as first:
+        admin = CaptureClient(first.url, first.admin_key)
+        info = admin.create_session(step_limit=1)
+        messages = conversation(info, 1)  # the one step
+        title = [{"role": "user", "content": "Generate a title"}]
+        assert chat(info, title, tools=None).status_code == 200  # not a step
+        seen = len(fake.requests)
+        refused = chat(info, messages)
+        assert refused.status_code == 403, refused.text
+        assert "step limit" in refused.json()["error"]["message"]
+        assert len(fake.requests) == seen  # never sent on
+        stats = admin.stats(info.session_id)
+        assert stats["steps"] == {"limit": 1, "taken": 1, "refused": 1}
+        assert stats["n_calls"] == 2 and stats["n_failed"] == 0  # not recorded, not a failure
+        unlimited = admin.create_session()
+        conversation(unlimited, 3)
+        assert admin.stats(unlimited.session_id)["steps"] == {
+            "limit": None, "taken": 3, "refused": 0}
+    with CaptureServer(fake.url, data_dir=data_dir, admin_key=first.admin_key) as second:
+        moved = info.__class__(info.session_id, info.secret, {
+            k: v.replace(first.url, second.url) for k, v in info.base_urls.items()})
+        assert chat(moved, messages).status_code == 403  # the restart did not reset the count
+        admin = CaptureClient(second.url, second.admin_key)
+        assert admin.stats(info.session_id)["steps"]["taken"] == 1
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, "2", True])
+def test_a_bad_step_limit_is_refused_when_the_session_is_created(proxy, limit):
+    reply = httpx.post(f"{proxy.url}/admin/sessions", json={"step_limit": limit},
+                       headers={"authorization": f"Bearer {proxy.admin_key}"}, timeout=30)
+    assert reply.status_code == 400 and "step_limit" in reply.text

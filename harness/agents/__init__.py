@@ -26,7 +26,8 @@ Adding an agent is one small class
    Never write outside HOME, never read the host's environment. If the CLI has no step-limit
    option, set `NATIVE_STEP_LIMIT = False` and the session stops it when it starts engine call
    max_steps + 1 (counted at the proxy); agents with a knob get a hard ceiling of 2 * max_steps
-   + 4 calls.
+   + 4 calls. If the CLI has no option or a soft one (a model can act past it), set
+   `PROXY_STEP_LIMIT = True`: the proxy refuses its model call that offers tools past max_steps.
 3. Add it to `AGENTS` below. `tests/test_agents_config.py` checks every registered agent's
    config for the endpoint, the secret, HOME confinement and the step limit; add one
    end-to-end run to `tests/test_agents_e2e.py`.

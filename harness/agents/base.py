@@ -65,6 +65,10 @@ class HarnessAgent(BaseAgent):
     HARBOR_AGENT: ClassVar[str]  # "module:Class" of Harbor's installed agent, used to install
     INSTALLED_BINARY: ClassVar[str]  # the CLI's name on PATH after Harbor installed it
     NATIVE_STEP_LIMIT: ClassVar[bool] = True  # False: the session enforces max_steps itself
+    # True: the proxy refuses the agent's model call that offers tools past max_steps (capture.
+    # sessions.take_step), for a CLI with no step option (Codex) or a soft one (opencode runs the
+    # tools of its text-only wrap-up turn).
+    PROXY_STEP_LIMIT: ClassVar[bool] = False
 
     def __init__(
         self,

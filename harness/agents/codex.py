@@ -4,9 +4,11 @@ Wire facts (DESIGN.md section 5): `$CODEX_HOME/config.toml` with a `model_provid
 (`wire_api = "responses"`, `base_url`, `env_key`), then `codex exec --skip-git-repo-check
 --dangerously-bypass-approvals-and-sandbox ...`. `OPENAI_BASE_URL` alone is not honoured.
 `CODEX_HOME` is a directory under the sandbox HOME; the secret reaches Codex only through the
-environment variable its `env_key` names. Codex has no turn-limit option, so the session
-stops it when it starts engine call `max_steps + 1`, counted at the proxy (`NATIVE_STEP_LIMIT =
-False`): its last allowed reply and the tools it asks for run; the timeout still applies.
+environment variable its `env_key` names. Codex has no turn-limit option, so the proxy refuses
+its model call past `max_steps` (`PROXY_STEP_LIMIT`, a 403) and the session stops it when it
+sees the refusal or a call past `max_steps` (`NATIVE_STEP_LIMIT = False`): its last allowed reply
+and the tools it asks for run; the timeout still applies. Without the refusal, the session's 1 s
+poll let Codex make 5 calls of a 1-step rollout against an instant engine.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class CodexAgent(HarnessAgent):
     HARBOR_AGENT: ClassVar[str] = "harbor.agents.installed.codex:Codex"
     INSTALLED_BINARY: ClassVar[str] = "codex"
     NATIVE_STEP_LIMIT: ClassVar[bool] = False
+    PROXY_STEP_LIMIT: ClassVar[bool] = True
 
     @staticmethod
     def name() -> str:

@@ -8,8 +8,12 @@ by `OPENCODE_CONFIG`, so no project or host config can replace the endpoint. Ste
 `build` agent's `steps`, set to max_steps + 1. opencode's last step is its wrap-up: it sends a
 "MAXIMUM STEPS REACHED ... respond with text only" assistant message after the history, so a
 `steps` of N leaves N - 1 steps to act in. With `steps` = max_steps (as before) a 1-step rollout's
-only turn was the wrap-up, and the model was told not to touch the task it was graded on. Models, LSP and update downloads are switched off: the sandbox has no
-network but the proxy, and each attempt would cost a timeout.
+only turn was the wrap-up, and the model was told not to touch the task it was graded on. The
+wrap-up still offers the tools, and opencode runs the calls a model makes there anyway (a warm
+model made 5 steps in a 1-step rollout, until the session's call ceiling), so the proxy refuses
+that call (`PROXY_STEP_LIMIT`: a call that offers tools past max_steps gets a 403). Models, LSP
+and update downloads are switched off: the sandbox has no network but the proxy, and each attempt
+would cost a timeout.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class OpenCodeAgent(HarnessAgent):
     CLI: ClassVar[str] = "opencode"
     HARBOR_AGENT: ClassVar[str] = "harbor.agents.installed.opencode:OpenCode"
     INSTALLED_BINARY: ClassVar[str] = "opencode"
+    PROXY_STEP_LIMIT: ClassVar[bool] = True  # its wrap-up turn still runs tools (module doc)
 
     @staticmethod
     def name() -> str:
