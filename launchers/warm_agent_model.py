@@ -61,7 +61,6 @@ import random
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +75,7 @@ from launchers.warm_model import (
     finish_build,
     round_trip_text,
     save_model,
+    sft_steps,
     synthetic_instructions,
     tally_first_turn,
 )
@@ -259,23 +259,14 @@ class _AgentWarmStart:
 
     def sft(self, steps: int, data: list[tuple[list[int], list[int]]], *, lr: float,
             prefix: PrefixSFT | None, log: Any, stage: str) -> None:
-        torch = self.torch
-        opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
-        started = time.monotonic()
-        for step in range(1, steps + 1):
-            batch = self.rng.sample(data, min(BATCH, len(data)))
+        def loss_of(batch: list[tuple[list[int], list[int]]]) -> Any:
             if prefix is None:
-                loss = completion_loss(self.model, batch, self.tok.pad_token_id or 0)
-            else:
-                prefix.refresh()
-                loss = prefix.loss(batch)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            opt.step()
-            if step % 25 == 0 or step == steps:
-                log(f"  {stage}, step {step}/{steps}: loss {loss.item():.3f} "
-                    f"({time.monotonic() - started:.0f} s)")
+                return completion_loss(self.model, batch, self.tok.pad_token_id or 0)
+            prefix.refresh()  # the prefix's keys and values under this step's weights
+            return prefix.loss(batch)
+
+        sft_steps(self.model, data, steps, loss_of, rng=self.rng, lr=lr, log=log, stage=stage,
+                  log_every=25, batch_size=BATCH)
 
     def probe(self, split: str, samples: int, prefix: PrefixSFT) -> dict:
         """First-turn rates at T=1: {"pass", "word", "file", "formed", "n"}, as

@@ -211,6 +211,26 @@ def completion_loss(model: Any, batch: list[tuple[list[int], list[int]]], pad: i
     return model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
 
+def sft_steps(model: Any, data: list[tuple[list[int], list[int]]], steps: int,
+              loss_of: Any, *, rng: random.Random, lr: float, log: Any, stage: str,
+              log_every: int, batch_size: int = BATCH) -> None:
+    """`steps` AdamW steps, each on `batch_size` rows drawn by `rng` (so a seeded build is
+    the same build), the loss being `loss_of(batch)`, gradients clipped to norm 1."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    started = time.monotonic()
+    for step in range(1, steps + 1):
+        loss = loss_of(rng.sample(data, min(batch_size, len(data))))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % log_every == 0 or step == steps:
+            log(f"  {stage}, step {step}/{steps}: loss {loss.item():.3f} "
+                f"({time.monotonic() - started:.0f} s)")
+
+
 def save_model(out: Path, model: Any, tok: Any, base: Path) -> None:
     """An HF model dir: the weights, the tokenizer and the base's chat template."""
     out.mkdir(parents=True, exist_ok=True)
@@ -290,19 +310,9 @@ class _Trainer:
 
     def sft(self, steps: int, data: list[tuple[list[int], list[int]]], *, lr: float, log: Any,
             stage: str) -> None:
-        torch = self.torch
-        opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
-        started = time.monotonic()
-        for step in range(1, steps + 1):
-            batch = self.rng.sample(data, min(BATCH, len(data)))
-            loss = completion_loss(self.model, batch, self.pad)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            opt.step()
-            if step % 50 == 0 or step == steps:
-                log(f"  {stage}, step {step}/{steps}: loss "
-                    f"{loss.item():.3f} ({time.monotonic() - started:.0f} s)")
+        sft_steps(self.model, data, steps, lambda batch: completion_loss(self.model, batch,
+                                                                       self.pad),
+                  rng=self.rng, lr=lr, log=log, stage=stage, log_every=50)
 
     def probe(self, split: str, samples: int) -> dict:
         """First-turn rates at T=1 on the whole prompt: {"pass", "word", "file", "formed", "n"}.
