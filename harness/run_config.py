@@ -174,6 +174,7 @@ def _help(name: str) -> str:
                  "engine and trainer; default: the committed tiny model warm-started on the "
                  "create-file family's train tasks in the agent's own format: "
                  "models/tiny-qwen3-create-file-codex for codex, "
+                 "models/tiny-qwen3-create-file-opencode for opencode, "
                  "models/tiny-qwen3-create-file for the others)",
         "tasks": "Harbor tasks: family:train / family:heldout (the generated create-file "
                  "family), 'bundled', a folder, registry:name@version, or hf:org/repo",
