@@ -287,8 +287,11 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
             result.outcome = build_outcome(
                 result.trace, env_reward=result.env_reward, timed_out=session.timed_out
             )
+            # A step limit is the task's budget, not a clock: the verifier says how it went.
+            # `outcome.timed_out` still tells a reward function it was cut short (issue 15).
             result.cause = _cause_of_finished(
-                session.timed_out, result.env_reward, tampered=bool(session.tampered)
+                session.timed_out and not session.hit_step_limit, result.env_reward,
+                tampered=bool(session.tampered),
             )
             if session.tampered:
                 result.error = "tampered: " + "; ".join(session.tampered)
@@ -329,7 +332,9 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
 
 
 def _cause_of_finished(timed_out: bool, env_reward: float | None, *, tampered: bool) -> Cause:
-    """The cause of a rollout that ran and was graded (tampering outranks a timeout)."""
+    """The cause of a rollout that ran and was graded (tampering outranks a timeout). `timed_out`:
+    it ran past its time limit; one stopped at its step limit is "ok" or "model_failure" by its
+    reward (in the main command nearly every rollout takes its one step)."""
     if tampered:
         return "tampered"
     if timed_out:

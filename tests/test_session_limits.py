@@ -42,8 +42,9 @@ def test_an_agent_without_a_native_step_limit_is_stopped_after_max_steps_engine_
     # 5 calls 1.5 s apart would take >= 7.5 s; the guard polls every 1 s and stops the agent
     # once the proxy counted a 3rd call (~3-4 s in). The identical requests are retries of one
     # prompt to the proxy's graph, so the trace keeps one turn: count time, not turns.
-    # Stopped at its step limit: `timed_out` (issue 15), its turns still trained.
-    assert result.cause == "timeout", result.error
+    # Stopped at its step limit: `timed_out` (issue 15), its turns still trained; the cause is
+    # the verifier's (unsolved: model_failure), not "timeout", which is the wall clock's.
+    assert result.cause == "model_failure", result.error
     assert result.trace is not None and result.outcome is not None
     assert result.outcome.timed_out is True
     assert result.timings["agent_run"] < 6.0
@@ -57,7 +58,7 @@ def test_the_last_allowed_call_keeps_its_reply_and_the_tools_it_asked_for_run():
     with FakeEngine(token_delay_s=0.125) as slow:
         result = _rollout_without_step_knob(f"{CALL}; {SOLVE}; {CALL}; sleep 60", slow.url,
                                             max_steps=1)
-    assert result.cause == "timeout", result.error  # stopped at its step limit
+    assert result.cause == "ok", result.error  # stopped at its step limit, solved
     assert result.trace is not None and len(result.trace.turns) == 1
     assert result.env_reward == 1.0  # the step's action ran before the agent was stopped
     assert result.timings["agent_run"] < 30.0  # stopped at its 2nd call, not after its sleep
