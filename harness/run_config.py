@@ -173,9 +173,8 @@ def _help(name: str) -> str:
         "model": "HF model dir, or hub id org/name[@revision] (downloaded once, same commit for "
                  "engine and trainer; default: the committed tiny model warm-started on the "
                  "create-file family's train tasks in the agent's own format: "
-                 "models/tiny-qwen3-create-file-codex for codex, "
-                 "models/tiny-qwen3-create-file-opencode for opencode, "
-                 "models/tiny-qwen3-create-file for the others)",
+                 "models/tiny-qwen3-create-file-HARNESS for codex, opencode and "
+                 "claude-code, models/tiny-qwen3-create-file for mini-swe-agent)",
         "tasks": "Harbor tasks: family:train / family:heldout (the generated create-file "
                  "family), 'bundled', a folder, registry:name@version, or hf:org/repo",
         "task_count": "use only the first N tasks",

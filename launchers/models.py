@@ -83,8 +83,9 @@ def resolve_model(spec: str | None, *, harness: str | None = None, endpoint: str
 
     None is the default model: the tiny model warm-started on the create-file family's train
     tasks in `harness`'s own prompt format (committed under models/: tiny-qwen3-create-file by
-    launchers/warm_model.py for the other agents and no harness;
-    tiny-qwen3-create-file-{codex,opencode} by launchers/warm_agent_model.py for those two; its files
+    launchers/warm_model.py for mini-swe-agent and no harness;
+    tiny-qwen3-create-file-{codex,opencode,claude-code} by launchers/warm_agent_model.py for those
+    three; its files
     checked against BUILD.json; a run's --seed sets its sampling and training, not which model it
     starts from); an existing directory is used as
     is; `org/name[@rev]` is downloaded from the hub (or found in its cache) at one commit.

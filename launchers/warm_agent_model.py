@@ -3,8 +3,8 @@
 Why it exists (issue 18 item 6): the default model (launchers/warm_model.py) learnt to read the
 create-file instruction inside mini-swe-agent's ~1,000-token prompt and to answer with its `bash`
 call. Codex sends a 13.2k-token prompt and wants `exec_command` with a `cmd`; opencode sends
-9.7k tokens and wants `bash`; Claude Code sends 17.4k tokens and wants `Bash` with a `command`
-and a `description`. On those the default model
+9.7k tokens and wants `bash`; Claude Code sends 21.0k tokens (with `--disable-slash-commands`;
+harness/agents/claude_code.py) and wants `Bash` with a `command` and a `description`. On those the default model
 answers with no call at all (a `--harness codex` run: 0 of 96 held-out before and after, every
 group zero variance), so RL has nothing to move. This teaches it each agent's own format the way
 the default was taught, from traces captured through the proxy:
@@ -28,13 +28,13 @@ only its own tail against them; so the loss is exactly the whole sequence's (tes
 the gradient through the prefix's keys and values is left out. The RL trainer, which trains the
 whole sequence, is what moves those.
 
-Codex's and opencode's builds are committed under models/tiny-qwen3-create-file-{codex,opencode}/
-(1.3 MB each, BUILD.json with every file's sha256) and are what `--model` resolves to for
-`--harness codex` / `opencode` (AGENT_WARM_MODELS):
+Each build is committed under models/tiny-qwen3-create-file-{codex,opencode,claude-code}/ (1.3 MB
+each, BUILD.json with every file's sha256) and is what `--model` resolves to for that `--harness`
+(AGENT_WARM_MODELS):
 
     .venv/bin/python -m launchers.warm_agent_model --harness codex --commit
     .venv/bin/python -m launchers.warm_agent_model --harness opencode --commit
-    .venv/bin/python -m launchers.warm_agent_model --harness claude-code --out DIR
+    .venv/bin/python -m launchers.warm_agent_model --harness claude-code --commit
 
 Measured 2026-12-02 (2 cores; 4 T=1 samples per prompt, 48 held-out and 144 train):
 - Codex (200 bare + 250 full steps, 7.5 min after a 1 min capture): held-out pass 0% -> 42%
@@ -43,12 +43,11 @@ Measured 2026-12-02 (2 cores; 4 T=1 samples per prompt, 48 held-out and 144 trai
   (word 60%, file 42%, well-formed 98%), train 32%. Its instruction is the prompt's last message
   after a 9.7k-token shared prefix, so it learns fast: 40 full steps gave 4% (file 4%), 250 gave
   85%, which would leave RL little to show; 80 leaves it as much room as mini-swe-agent's start.
-- Claude Code (200 bare + 200 short + 60 full steps, ~26 min of which the full stage is 21 s a
-  step, partly beside other runs): a well-formed `Bash` call 100%, the held-out word 81%, the
-  file 0% (it names files after words of the ~3.4k tokens of skills and reminders Claude Code
-  sends after the instruction: `hello > mutexversion.txt`), held-out pass 0%, train 0.7%. No
-  room for RL, so it is not committed and Claude Code starts from the default; more full-prompt
-  steps are what it lacks (its loss was still 0.19-0.22 where Codex's reached 0.02).
+- Claude Code (200 bare + 150 full steps, 18 min after a 36 s capture; the full stage 7.2 s a
+  step): held-out pass 0% -> 27% (word 50%, file 35%, well-formed 96%), train 33%. Before its
+  skills were turned off the instruction was followed by ~3.4k tokens (21 s a step), and 200
+  bare + 200 short + 60 full steps gave held-out pass 0%: it named files after the skill
+  listing's words (`hello > mutexversion.txt`).
 A rebuild on another day is not byte-identical: both agents put the date in their prompts.
 """
 
@@ -83,17 +82,16 @@ from launchers.warm_model import (
 __all__ = ["AGENT_WARM_MODELS", "build_agent_warm_model", "committed_agent_warm_model",
            "PrefixSFT"]
 
-# The agents this script builds for, and those whose build is committed (the default model of
-# that --harness). Claude Code's build is not committed: see the module docstring.
+# The agents this script builds for, each with its build committed (the default model of that
+# --harness).
 AGENTS = ("codex", "claude-code", "opencode")
-AGENT_WARM_MODELS = {h: REPO_ROOT / "models" / f"tiny-qwen3-create-file-{h}"
-                     for h in ("codex", "opencode")}
+AGENT_WARM_MODELS = {h: REPO_ROOT / "models" / f"tiny-qwen3-create-file-{h}" for h in AGENTS}
 LR, BATCH, SEED, SYNTHETIC = 2e-3, 8, 0, 600
 # (bare, short, full) steps per agent. Codex's instruction is the prompt's last message, so its
-# whole prompt is cheap once the prefix is cached; Claude Code's is followed by ~3.4k tokens that
-# every row must run (~1 s a row), so most of its steps are on the prompt cut after it. opencode's
-# 80 full steps leave RL room (250 reached 85% held-out; module docstring).
-STEPS = {"codex": (200, 0, 250), "claude-code": (200, 200, 60), "opencode": (200, 0, 80)}
+# whole prompt is cheap once the prefix is cached; Claude Code's is followed by ~1k tokens (its
+# environment, deferred tools, agent types) that every row runs, 7 s a step. opencode's 80 full
+# steps leave RL room (250 reached 85% held-out; module docstring).
+STEPS = {"codex": (200, 0, 250), "claude-code": (200, 0, 150), "opencode": (200, 0, 80)}
 # A shell call's command in the agent's own argument (Codex `cmd`, the others `command`).
 _COMMAND = re.compile(r'"(?:cmd|command)": "((?:[^"\\]|\\.)*)"')
 
@@ -234,8 +232,8 @@ class _AgentWarmStart:
     def rows(self, synthetic_count: int, seed: int, cut: str = "full"
              ) -> list[tuple[list[int], list[int]]]:
         """(prompt, completion) ids of the train first turns and the synthetic ones: "full" the
-        agent's whole prompt, "short" cut right after the instruction (Claude Code sends ~3.4k
-        tokens after it), "bare" the instruction alone under a one-line system prompt."""
+        agent's whole prompt, "short" cut right after the instruction (cheaper where many
+        tokens follow it: Claude Code's ~1k), "bare" the instruction alone under a one-line system prompt."""
         made = [(self.instr[t], text, reply) for t, (text, reply) in sorted(self.first.items())]
         made += [(instruction, *self._swap(name, word, instruction)) for name, word, instruction
                  in synthetic_instructions(self.tok.get_vocab(), synthetic_count, seed)]

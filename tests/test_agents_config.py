@@ -104,7 +104,8 @@ def test_claude_code_gets_the_anthropic_variables_and_sandbox_mode():
     env = _agent(get_agent("claude-code")).full_env()
     assert env["ANTHROPIC_BASE_URL"] == URL and env["ANTHROPIC_API_KEY"] == SECRET
     assert env["IS_SANDBOX"] == "1"
-    assert "--dangerously-skip-permissions" in _agent(get_agent("claude-code")).command("x")
+    command = _agent(get_agent("claude-code")).command("x")
+    assert "--dangerously-skip-permissions" in command and "--disable-slash-commands" in command
 
 
 def test_mini_swe_agent_gets_api_base_cost_tracking_off_and_its_config_dir_in_home():

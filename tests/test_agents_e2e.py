@@ -111,3 +111,33 @@ def test_a_one_step_rollout_acts_in_its_one_step_and_never_after(name, tiny_mode
     assert result.env_reward == 1.0, (result.cause, result.error)  # its one call ran, alone
     assert result.outcome is not None and result.outcome.timed_out  # and it had no step left
     assert result.outcome.tool_call_count == 1
+
+
+def test_claude_code_runs_without_skills_so_its_instruction_ends_the_prompt(tiny_model_path: Path):
+    """Claude Code sends the instruction, then ~3.4k tokens of reminders, most of them its skill
+    listing (dataviz, keybindings-help, ...: features of its own product, which a sandboxed task
+    has no use for). A small policy names files after words in that listing. The agent runs with
+    `--disable-slash-commands`: no Skill tool and no listing, the tail after the instruction
+    ~1k tokens."""
+    requests: list[dict] = []
+
+    def script(request: dict) -> str:
+        requests.append(request)
+        return shell_call(request, SOLVE) if request.get("tools") else "A title"
+
+    with ScriptedEngine(tiny_model_path, script) as engine:
+        factory = HarborSessionFactory(
+            None, split=[BUNDLED_DIR / "hello-file"], harness="claude-code", llm_url=engine.url,
+            model=engine.model, sampling={"temperature": 1.0}, max_tokens=256, max_steps=1,
+            agent_timeout_s=300, max_attempts=1)
+        try:
+            result = asyncio.run(factory.rollout(seed=0))
+        finally:
+            factory.close()
+
+    assert not engine.errors, engine.errors
+    first = next(r for r in requests if r.get("tools"))
+    names = {t["function"]["name"] for t in first["tools"]}
+    assert "Bash" in names and "Skill" not in names, sorted(names)
+    assert "skills are available" not in json.dumps(first["messages"])
+    assert result.env_reward == 1.0, (result.cause, result.error)

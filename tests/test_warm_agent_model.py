@@ -1,8 +1,8 @@
 # .venv/bin/python -m pytest tests/test_warm_agent_model.py -q
 """The agents' own warm starts (launchers/warm_agent_model.py).
 
-What must hold without rebuilding them (a few minutes each): `--harness codex` / `opencode`
-start from their own committed build and the other agents from the default; every file matches
+What must hold without rebuilding them (a few minutes each): `--harness codex` / `opencode` /
+`claude-code` start from their own committed build and mini-swe-agent from the default; every file matches
 its BUILD.json; each saw the train instances only through its own agent and left RL room on the
 held-out ones. And the shortcut the build takes, a shared prompt prefix computed once, must give
 exactly the loss of a whole-sequence forward: a wrong offset there would train the model on the
@@ -56,7 +56,7 @@ def test_the_agent_starts_from_its_own_committed_warm_start(harness: str) -> Non
     assert max(after["heldout"]["word"], after["heldout"]["file"]) >= 0.4, after
 
 
-@pytest.mark.parametrize("harness", [None, "mini-swe-agent", "claude-code"])
+@pytest.mark.parametrize("harness", [None, "mini-swe-agent"])
 def test_the_other_agents_start_from_the_default(harness: str | None) -> None:
     assert resolve_model(None, harness=harness).path == WARM_MODEL
 
@@ -71,8 +71,8 @@ def test_a_changed_file_of_an_agent_warm_start_is_refused_by_name(tmp_path: Path
     weights.write_bytes(bytes(data))
     with pytest.raises(TinyModelError, match="model.safetensors does not match.*--harness codex"):
         committed_agent_warm_model("codex", copy)
-    with pytest.raises(ValueError, match="no agent warm start for 'claude-code'"):
-        committed_agent_warm_model("claude-code")
+    with pytest.raises(ValueError, match="no agent warm start for 'mini-swe-agent'"):
+        committed_agent_warm_model("mini-swe-agent")
 
 
 def _rows(prefix: list[int], rng: random.Random) -> list[tuple[list[int], list[int]]]:

@@ -6,6 +6,14 @@ Wire facts (DESIGN.md section 5): `ANTHROPIC_BASE_URL` + `ANTHROPIC_API_KEY`, th
 caches live in `CLAUDE_CONFIG_DIR` under the sandbox HOME. Every model alias (sonnet, opus,
 haiku, the small/fast model) is pinned to the served model, so background calls go to the same
 proxy session. Step limit: `--max-turns`. Telemetry, auto-update and error reporting are off.
+
+`--disable-slash-commands`: without it the instruction is followed by ~3.4k tokens of reminders,
+most of them the listing of Claude Code's own skills (dataviz, keybindings-help, claude-api, ...),
+and a Skill tool. A sandboxed task has no use for them, and a small policy reads the listing as
+part of the task (it named files after its words). Without them the tail after the instruction
+is ~1k tokens (the environment, the deferred tools, the agent types); the Workflow tool's
+description then carries its authoring reference inline, so the whole prompt grows from 17.4k
+to 21.0k tokens, all of it before the instruction (one prefix, cached once by vLLM).
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ class ClaudeCodeAgent(HarnessAgent):
             "-p",
             instruction,
             "--dangerously-skip-permissions",
+            "--disable-slash-commands",
             "--max-turns",
             str(self.max_steps),
             "--model",
