@@ -75,6 +75,21 @@ def test_the_agent_solves_a_bundled_task_to_a_trace_and_an_outcome(name, tiny_mo
 UNDO = "rm -f /app/greeting.txt"
 
 
+def _one_step_rollout(name: str, script, tiny_model_path: Path):
+    """One max_steps=1 rollout of the `name` agent on hello-file, its model scripted."""
+    with ScriptedEngine(tiny_model_path, script) as engine:
+        factory = HarborSessionFactory(
+            None, split=[BUNDLED_DIR / "hello-file"], harness=name, llm_url=engine.url,
+            model=engine.model, sampling={"temperature": 1.0}, max_tokens=256, max_steps=1,
+            agent_timeout_s=300, max_attempts=1)
+        try:
+            result = asyncio.run(factory.rollout(seed=0))
+        finally:
+            factory.close()
+    assert not engine.errors, engine.errors
+    return result
+
+
 @pytest.mark.parametrize("name", sorted(AGENTS))
 def test_a_one_step_rollout_acts_in_its_one_step_and_never_after(name, tiny_model_path: Path):
     """The family tasks run at max_steps=1. The agent's first turn must be an ordinary one that
@@ -92,17 +107,7 @@ def test_a_one_step_rollout_acts_in_its_one_step_and_never_after(name, tiny_mode
         acted = sum(1 for r in requests if r.get("tools")) > 1
         return shell_call(request, UNDO if acted else SOLVE)
 
-    with ScriptedEngine(tiny_model_path, script) as engine:
-        factory = HarborSessionFactory(
-            None, split=[BUNDLED_DIR / "hello-file"], harness=name, llm_url=engine.url,
-            model=engine.model, sampling={"temperature": 1.0}, max_tokens=256, max_steps=1,
-            agent_timeout_s=300, max_attempts=1)
-        try:
-            result = asyncio.run(factory.rollout(seed=0))
-        finally:
-            factory.close()
-
-    assert not engine.errors, engine.errors
+    result = _one_step_rollout(name, script, tiny_model_path)
     acting = [r for r in requests if r.get("tools")]
     first = acting[0]  # the first call that offered tools: no aux call
     assert not [m for m in first["messages"] if m.get("role") == "assistant"], first["messages"]
@@ -125,17 +130,7 @@ def test_claude_code_runs_without_skills_so_its_instruction_ends_the_prompt(tiny
         requests.append(request)
         return shell_call(request, SOLVE) if request.get("tools") else "A title"
 
-    with ScriptedEngine(tiny_model_path, script) as engine:
-        factory = HarborSessionFactory(
-            None, split=[BUNDLED_DIR / "hello-file"], harness="claude-code", llm_url=engine.url,
-            model=engine.model, sampling={"temperature": 1.0}, max_tokens=256, max_steps=1,
-            agent_timeout_s=300, max_attempts=1)
-        try:
-            result = asyncio.run(factory.rollout(seed=0))
-        finally:
-            factory.close()
-
-    assert not engine.errors, engine.errors
+    result = _one_step_rollout("claude-code", script, tiny_model_path)
     first = next(r for r in requests if r.get("tools"))
     names = {t["function"]["name"] for t in first["tools"]}
     assert "Bash" in names and "Skill" not in names, sorted(names)
