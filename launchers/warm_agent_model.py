@@ -4,10 +4,10 @@ Why it exists (issue 18 item 6): the default model (launchers/warm_model.py) lea
 create-file instruction inside mini-swe-agent's ~1,000-token prompt and to answer with its `bash`
 call. Codex sends a 13.2k-token prompt and wants `exec_command` with a `cmd`; opencode sends
 9.7k tokens and wants `bash`; Claude Code sends 21.0k tokens (with `--disable-slash-commands`;
-harness/agents/claude_code.py) and wants `Bash` with a `command` and a `description`. On those the default model
-answers with no call at all (a `--harness codex` run: 0 of 96 held-out before and after, every
-group zero variance), so RL has nothing to move. This teaches it each agent's own format the way
-the default was taught, from traces captured through the proxy:
+harness/agents/claude_code.py) and wants `Bash` with a `command` and a `description`. On those
+the default model answers with no call at all (a `--harness codex` run: 0 of 96 held-out before
+and after, every group zero variance), so RL has nothing to move. This teaches it each agent's
+own format the way the default was taught, from traces captured through the proxy:
 
 1. capture: the scripted policy solves every *train* instance through the agent's real CLI
    (`capture_train_traces(harness=...)`); held-out instances are never captured.
@@ -48,7 +48,7 @@ Measured 2026-12-02 (2 cores; 4 T=1 samples per prompt, 48 held-out and 144 trai
   skills were turned off the instruction was followed by ~3.4k tokens (21 s a step), and 200
   bare + 200 short + 60 full steps gave held-out pass 0%: it named files after the skill
   listing's words (`hello > mutexversion.txt`).
-A rebuild on another day is not byte-identical: both agents put the date in their prompts.
+A rebuild on another day is not byte-identical: the agents put the date in their prompts.
 """
 
 from __future__ import annotations
@@ -233,7 +233,8 @@ class _AgentWarmStart:
              ) -> list[tuple[list[int], list[int]]]:
         """(prompt, completion) ids of the train first turns and the synthetic ones: "full" the
         agent's whole prompt, "short" cut right after the instruction (cheaper where many
-        tokens follow it: Claude Code's ~1k), "bare" the instruction alone under a one-line system prompt."""
+        tokens follow it: Claude Code's ~1k), "bare" the instruction alone under a one-line
+        system prompt."""
         made = [(self.instr[t], text, reply) for t, (text, reply) in sorted(self.first.items())]
         made += [(instruction, *self._swap(name, word, instruction)) for name, word, instruction
                  in synthetic_instructions(self.tok.get_vocab(), synthetic_count, seed)]

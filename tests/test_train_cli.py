@@ -200,7 +200,8 @@ def test_the_defaults_resolve_the_learning_rate_and_the_held_out_split_from_the_
 
 @pytest.mark.parametrize(("harness", "model"), [
     ("mini-swe-agent", "tiny-qwen3-create-file"), ("opencode", "tiny-qwen3-create-file-opencode"),
-    ("codex", "tiny-qwen3-create-file-codex"), ("claude-code", "tiny-qwen3-create-file-claude-code"),
+    ("codex", "tiny-qwen3-create-file-codex"),
+    ("claude-code", "tiny-qwen3-create-file-claude-code"),
 ])
 def test_each_agent_runs_the_warm_start_made_for_its_prompts(tmp_path: Path, harness: str,
                                                               model: str) -> None:

@@ -2,11 +2,11 @@
 """The agents' own warm starts (launchers/warm_agent_model.py).
 
 What must hold without rebuilding them (a few minutes each): `--harness codex` / `opencode` /
-`claude-code` start from their own committed build and mini-swe-agent from the default; every file matches
-its BUILD.json; each saw the train instances only through its own agent and left RL room on the
-held-out ones. And the shortcut the build takes, a shared prompt prefix computed once, must give
-exactly the loss of a whole-sequence forward: a wrong offset there would train the model on the
-wrong tokens and nothing would fail.
+`claude-code` start from their own committed build and mini-swe-agent from the default; every
+file matches its BUILD.json; each saw the train instances only through its own agent and left
+RL room on the held-out ones. And the shortcut the build takes, a shared prompt prefix computed
+once, must give exactly the loss of a whole-sequence forward: a wrong offset there would train
+the model on the wrong tokens and nothing would fail.
 """
 
 from __future__ import annotations
