@@ -84,7 +84,9 @@ class RunSettings:
     # on any other tasks (__post_init__).
     max_agent_steps: int | None = None
     agent_timeout_s: float = 180.0
-    output_dir: str = "runs/latest"
+    output_dir: str | None = None  # None: a fresh runs/<UTC time>-train|eval (harness.run_dir)
+    overwrite: bool = False  # delete an existing --output-dir's files instead of refusing it
+    ready_timeout_s: float = 600.0  # how long to wait for --engine-url / --rollout-service
     reward_fn: str | None = None  # pkg.module:function
     reward_funcs: list[str] = field(default_factory=list)  # name=pkg.module:function[*weight]
     reward_key: str | None = None
@@ -193,11 +195,17 @@ def _help(name: str) -> str:
         "max_agent_steps": "agent turns allowed per rollout (default: 1 on the family:* tasks, "
                            "8 on others)",
         "agent_timeout_s": "seconds an agent may run before the rollout times out",
-        "output_dir": "checkpoints, metrics, traces and outcomes go here",
+        "output_dir": "the run folder: checkpoints, metrics, traces and outcomes go here "
+                      "(default: a new runs/<UTC time>-train or -eval, linked as runs/latest; "
+                      "an existing non-empty folder is refused without --resume or --overwrite)",
+        "overwrite": "delete the files an earlier run left in --output-dir before starting",
+        "ready_timeout_s": "seconds to wait for --engine-url and --rollout-service to answer "
+                           "/health before giving up (they may still be loading a model)",
         "reward_fn": "rollout_reward_fn as pkg.module:function (or file.py:function)",
         "reward_funcs": "extra named reward functions: name=pkg.module:function*weight (repeatable)",
         "reward_key": "which key of a multi-reward reward.json is env_reward",
-        "resume": "resume from the latest checkpoint in --output-dir",
+        "resume": "continue the run in --output-dir from its latest checkpoint (e.g. "
+                  "--output-dir runs/latest)",
         "weight_sync": "push new weights into vLLM after each step (--no-weight-sync to skip)",
         "proxy_public_url": "public URL that remote sandboxes use to reach the capture proxy",
         "proxy_tunnel": "command that opens a tunnel to the proxy, with {url} (e.g. cloudflared)",

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint_prune import prune_checkpoints
 from trainer.distributed import DistInfo, full_state_dict
 from trainer.errors import CheckpointError
 
@@ -107,11 +108,8 @@ def save_checkpoint(
         tmp.rename(final)
         (root / "latest.tmp").write_text(name)
         (root / "latest.tmp").replace(root / "latest")
-        if total_limit is not None:
-            olds = sorted((p for p in root.glob("checkpoint-*") if p.suffix != ".tmp"),
-                          key=lambda p: int(p.name.split("-")[1]))
-            for old in olds[:-total_limit]:
-                shutil.rmtree(old, ignore_errors=True)
+        if total_limit is not None:  # by write order, never the one just written
+            prune_checkpoints(root, total_limit, keep=final)
     if dist_info.distributed:
         # On the control group: the others wait here while rank 0 writes (minutes for a large
         # model), longer than the step collectives' timeout allows.
