@@ -128,9 +128,9 @@ def _wait_for_ready(settings: RunSettings, remote: bool) -> list[str]:
 
     targets = []
     if settings.engine_url:
-        targets.append(Target("the engine (--engine-url)", settings.engine_url))
+        targets.append(Target("--engine-url", settings.engine_url, "the vLLM engine"))
     if remote:
-        targets += [Target("the rollout service (--rollout-service)", url)
+        targets += [Target("--rollout-service", url, "the rollout service")
                     for url in settings.rollout_service_urls()
                     if url.startswith(("http://", "https://"))]
     if settings.ready_timeout_s <= 0:
@@ -230,23 +230,22 @@ def preflight(settings: RunSettings, *, train: bool) -> list[str]:
     # Processes started beside this one (the GPU quick start) may still be loading: wait for
     # them with a deadline before asking them anything (harness.ready).
     not_ready = _wait_for_ready(settings, remote)
-    if not_ready:
-        return problems + not_ready + ([] if child is None else child.problems())
-    if settings.weight_sync and settings.engine_url and train:
+    problems += not_ready  # what never answered is not asked anything else below
+    if settings.weight_sync and settings.engine_url and train and not not_ready:
         # A running engine was started by someone else; it must expose the weight-transfer routes.
         problems += _check_weight_transfer_routes(settings.engine_url)
     problems += _check_model(settings)
-    if remote:
+    if remote and not not_ready:
         # The services load the tasks, run the sandboxes and expose their own proxies.
         problems += _check_rollout_services(settings)
     elif not train:
         problems += rollout_problems(settings, train=False)
-    problems += _check_engine(settings)
+    if not (settings.engine_url and not_ready):
+        problems += _check_engine(settings)
     if train:
         problems += _check_rewards(settings)
         problems += _check_resume(settings)
-        if settings.output_dir is not None:  # else _check_run_dir has said why
-            problems += [f"trainer: {_as_flags(p)}" for p in settings.trainer_config().validate()]
+        problems += [f"trainer: {_as_flags(p)}" for p in settings.trainer_config().validate()]
         from harness.learning import before_after_problems  # it imports harness.eval (us)
 
         problems += before_after_problems(settings)

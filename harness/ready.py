@@ -26,10 +26,11 @@ __all__ = ["Target", "wait_ready"]
 
 @dataclass(frozen=True)
 class Target:
-    """One process to wait for: what it is (for messages) and its base URL."""
+    """One process to wait for: the flag that named it, its base URL, and what it is."""
 
-    what: str  # e.g. "the engine (--engine-url)"
+    flag: str  # e.g. "--engine-url"
     url: str
+    what: str  # e.g. "the vLLM engine"
     path: str = "/health"
 
     @property
@@ -80,9 +81,9 @@ def wait_ready(targets: list[Target], timeout_s: float, *, poll_s: float = 1.0,
         if not pending:
             return []
         if now >= deadline:
-            return [f"{t.what} at {t.url}: not ready after {timeout_s:.0f} s (GET {t.path}: "
-                    f"{why}); start it first, check its log, or wait longer with "
-                    f"--ready-timeout-s" for t, why in pending.items()]
+            return [f"{t.flag} {t.url}: {t.what} did not answer GET {t.path} within "
+                    f"{timeout_s:.0f} s (last: {why}); start it first, check its log, or wait "
+                    f"longer with --ready-timeout-s" for t, why in pending.items()]
         if now >= next_report:
             for t, why in pending.items():
                 say(f"waiting for {t.what} at {t.url} to answer GET {t.path} "

@@ -125,14 +125,18 @@ class RunSettings:
         return [u.strip() for u in (self.rollout_service or "").split(",") if u.strip()]
 
     def trainer_config(self):  # -> AsyncGRPOConfig, imported lazily (torch)
+        from harness.run_dir import fresh_run_dir
         from trainer.config import AsyncGRPOConfig
 
+        # No --output-dir yet (harness.train chooses it before it builds the trainer): a fresh
+        # folder's name, never an earlier run's.
+        run_dir = self.output_dir or str(fresh_run_dir("train"))
         return AsyncGRPOConfig(
             num_generations=self.num_generations, groups_per_step=self.groups_per_step,
             max_concurrent_rollouts=self.max_concurrent_rollouts,
             vllm_server_base_url=self.engine_url, temperature=self.temperature,
             max_tokens=self.max_tokens, learning_rate=self.learning_rate, max_steps=self.steps,
-            seed=self.seed, output_dir=str(Path(self.output_dir) / "trainer"),
+            seed=self.seed, output_dir=str(Path(run_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
             save_steps=1, shuffle_rewards=self.shuffle_rewards,
             shuffle_dataset=self.shuffle_tasks,
