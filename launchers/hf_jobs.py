@@ -31,7 +31,11 @@ How a job is built (huggingface_hub's `HfApi.run_job`, the same call `hf jobs ru
 What the job then runs (this same file, with --inside), one venv per side (venv_pythons):
 
     model        a hub --model is downloaded once (launchers.models) and both processes get
-                 the local snapshot: the same commit for the engine and the trainer
+                 the local snapshot: the same commit for the engine and the trainer; with no
+                 --model (flag or --config), both get the --harness's committed warm start
+                 (default_model), the directory harness.train itself would load
+    run folder   one --output-dir for the service's capture log and every trainer rank
+                 (default: a new runs/<UTC time>-train, chosen here once)
     GPU 0        vLLM (launchers.engine, NCCL weight-transfer backend), health-checked
     no GPU       the rollout service, from the project venv (.venv: harbor, openenv):
                  .venv/bin/python -m harness.serve --engine-url ... --sandbox e2b, its capture
