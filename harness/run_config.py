@@ -128,7 +128,7 @@ class RunSettings:
         return AsyncGRPOConfig(
             num_generations=self.num_generations, groups_per_step=self.groups_per_step,
             max_concurrent_rollouts=self.max_concurrent_rollouts,
-            vllm_server_base_url=self.engine_url, temperature=self.temperature,
+            temperature=self.temperature,
             max_tokens=self.max_tokens, learning_rate=self.learning_rate, max_steps=self.steps,
             seed=self.seed, output_dir=str(Path(self.output_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,

@@ -49,6 +49,7 @@ from trainer.distributed import (
     fail_fast,
     init_distributed,
     shard_model,
+    wait_for_all_ranks,
 )
 from trainer.errors import ConfigError
 from trainer.groups import PreparedGroup, append_group_records, group_metrics, prepare_group
@@ -121,6 +122,8 @@ class HarnessAsyncGRPOTrainer:
         _check_dataset(train_dataset)
         self.train_dataset = train_dataset
         self.dist: DistInfo = init_distributed(args.dist_timeout_s, args.step_wait_timeout_s)
+        # Before any step collective: rank 0 may come minutes late (engine, "before" eval).
+        wait_for_all_ranks(self.dist, "trainer start-up")
         random.seed(args.seed)
         torch.manual_seed(args.seed)
 
