@@ -79,8 +79,12 @@ class AsyncGRPOConfig:
     step_wait_timeout_s: float = 6 * 3600.0  # how long ranks > 0 wait for rank 0's next step
     # --- outputs ------------------------------------------------------------------------------
     output_dir: str = "outputs/grpo"
-    save_steps: int = 0  # checkpoint every N steps (0: only at the end)
+    # start-up and checkpoints (issue 30)
+    # Sharded (torch.distributed.checkpoint) checkpoint every N steps and after the last step
+    # (0: only after the last). Each costs a write of model + AdamW state (~16 bytes/parameter).
+    save_steps: int = 50
     save_total_limit: int | None = 2  # checkpoints kept on disk
+    export_model: bool = True  # the final model in HF layout at <output_dir>/model (rank 0)
     logging_steps: int = 1  # metrics sinks get every N-th step (and the last); history all
     report_to: Literal["none", "jsonl", "trackio", "wandb"] = "jsonl"
     run_name: str | None = None

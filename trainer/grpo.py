@@ -41,7 +41,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from trainer.checkpoint import TrainerState, find_latest, load_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    TrainerState,
+    export_model,
+    find_latest,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainer.config import AsyncGRPOConfig
 from trainer.distributed import (
     DistInfo,
@@ -184,7 +190,12 @@ class HarnessAsyncGRPOTrainer:
     def save(self) -> Path:
         return save_checkpoint(self.args.output_dir, model=self.model, optimizer=self.optimizer,
                                scheduler=self.scheduler, state=self.state, dist_info=self.dist,
-                               tokenizer=self.tokenizer, total_limit=self.args.save_total_limit)
+                               total_limit=self.args.save_total_limit)
+
+    def export(self) -> Path | None:
+        """The trained model in HF layout at <output_dir>/model (every rank; rank 0 writes)."""
+        return export_model(self.args.output_dir, model=self.model, dist_info=self.dist,
+                            tokenizer=self.tokenizer)
 
     # -- the outer loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
@@ -197,8 +208,12 @@ class HarnessAsyncGRPOTrainer:
             if not self.dist.is_main:
                 while self._follower_step():
                     pass
-                return []
-            return asyncio.run(self._train_main())
+                history = []
+            else:
+                history = asyncio.run(self._train_main())
+            if self.args.export_model:
+                self.export()
+            return history
         except BaseException as exc:
             fail_fast(self.dist, exc)
             raise
