@@ -32,9 +32,12 @@ large model can outlast the step collectives' timeout.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +89,15 @@ def _group(dist_info: DistInfo) -> Any:
     return dist_info.control_group if dist_info.distributed else None
 
 
+@contextlib.contextmanager
+def _single_process_quiet(dist_info: DistInfo) -> Iterator[None]:
+    """DCP warns on every single-process save/load that it assumes one process: it is one."""
+    with warnings.catch_warnings():
+        if not dist_info.distributed:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_checkpoint(
     output_dir: str | Path,
     *,
@@ -106,8 +118,9 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     _barrier(dist_info)  # the directory exists before any rank writes into it
     model_sd, optim_sd = get_state_dict(model, optimizer)  # sharded (DTensor) under FSDP2
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp",
-             process_group=_group(dist_info), no_dist=not dist_info.distributed)
+    with _single_process_quiet(dist_info):
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp",
+                 process_group=_group(dist_info), no_dist=not dist_info.distributed)
     (tmp / "rng").mkdir(exist_ok=True)
     torch.save(_rng_state(), tmp / "rng" / f"rank-{dist_info.rank}.pt")
     _barrier(dist_info)  # every rank's RNG file is in
@@ -192,8 +205,9 @@ def load_checkpoint(
     _check_world_size(path, blob["world_size"], dist_info)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     target = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(target, checkpoint_id=path / "dcp", process_group=_group(dist_info),
-             no_dist=not dist_info.distributed)
+    with _single_process_quiet(dist_info):
+        dcp.load(target, checkpoint_id=path / "dcp", process_group=_group(dist_info),
+                 no_dist=not dist_info.distributed)
     set_state_dict(model, optimizer, model_state_dict=target["model"],
                    optim_state_dict=target["optimizer"])
     if scheduler is not None and blob["scheduler"] is not None:
