@@ -1,9 +1,11 @@
 """Start-up under torchrun: rank 0's long work before training never times the followers out.
 
-harness.train joins every rank to the process groups first (trainer.distributed.init_distributed),
-then rank 0 starts the engine, the rollout service and the held-out "before" evaluation, which
-take minutes. The followers wait for it in the trainer's start-up barrier on the control group
-(step_wait_timeout_s), not in a step collective bounded by dist_timeout_s (issue 30).
+harness.train joins every rank to the process groups first (`join_ranks`), then rank 0 starts
+the engine, the rollout service and the held-out "before" evaluation, which take minutes. The
+followers wait for it in the trainer's start-up barrier on the control group
+(step_wait_timeout_s), not in the rendezvous or a step collective bounded by dist_timeout_s
+(issue 30). Before, the followers entered init_process_group at once and rank 0 only after its
+start-up: past dist_timeout_s they died.
 
 Run: .venv/bin/python -m pytest tests/test_trainer_start.py -q
 """
@@ -21,12 +23,12 @@ import json, os, time
 import torch.distributed as dist
 from test_trainer_step import _seeded_tiny_model, _source
 from trainer.config import AsyncGRPOConfig
-from trainer.distributed import init_distributed
+from harness.train import join_ranks
 from trainer.grpo import HarnessAsyncGRPOTrainer
 
 args = AsyncGRPOConfig(num_generations=2, max_steps=2, learning_rate=1e-2, output_dir=OUT,
                        report_to="none", dist_timeout_s=DIST_TIMEOUT_S)
-init_distributed(args.dist_timeout_s, args.step_wait_timeout_s)  # as harness.train does
+join_ranks(args)  # what harness.train does first, on every rank
 rank = dist.get_rank()
 if rank == 0:
     # Rank 0's pre-training work (engine, service, "before" eval), three step timeouts long.
