@@ -83,6 +83,11 @@ def test_fsdp_gradient_sync_runs_on_the_last_micro_batch_only(tmp_path):
     metrics = run_step(trainer, StepInput(rows=rows, advantages=[1.0, -1.0, 0.5]))
     assert metrics["packing/microbatches"] == 3
     assert seen == [False, False, True]
+    # Where the unsharded gradients would not fit (config.py), every micro-batch reduces.
+    seen.clear()
+    trainer.args.reduce_grads_per_microbatch = True
+    run_step(trainer, StepInput(rows=rows, advantages=[1.0, -1.0, 0.5]))
+    assert seen == []
 
 
 def test_is_cap_at_the_clip_bound_is_refused_because_the_clipped_gradient_leaks():

@@ -126,8 +126,8 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
     # 4. Forward/backward every micro-batch, accumulating gradients and stat sums. The sums stay
     #    on the device (no host sync per micro-batch); under FSDP2 gradients are reduce-scattered
     #    once, after the last micro-batch (earlier ones accumulate unsharded gradients locally:
-    #    one reduce-scatter a step instead of one per micro-batch, for the memory of one
-    #    unsharded gradient per FSDP unit).
+    #    one reduce-scatter a step instead of one per micro-batch, for the memory of the
+    #    unsharded gradients; `reduce_grads_per_microbatch=True` trades back, see config.py).
     t_compute = 0.0
     sums = dict.fromkeys(STAT_KEYS, 0.0)
     loss_total = 0.0
@@ -137,7 +137,8 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
         torch.set_grad_enabled(True)
         trainer.model.train()
         trainer.optimizer.zero_grad(set_to_none=True)
-        no_sync = getattr(trainer.model, "set_requires_gradient_sync", None)  # FSDP2 only
+        no_sync = None if args.reduce_grads_per_microbatch else \
+            getattr(trainer.model, "set_requires_gradient_sync", None)  # FSDP2 only
         acc = torch.zeros(1 + len(STAT_KEYS), dtype=torch.float64, device=dist_info.device)
         t0 = time.perf_counter()
         for i, mb in enumerate(mine):
