@@ -4,7 +4,7 @@ The same services and rollouts as `harness.train` (engine, capture proxy, Harbor
 agents, the task verifiers), minus the trainer: every task gets --rollouts-per-task rollouts, and
 the table shows passes / scored rollouts per task and overall, with failures counted by cause.
 So a before/after table is two commands: eval the base model, train, eval the checkpoint
-(`--model <output-dir>/trainer/checkpoint-N/model`).
+(`--model <output-dir>/trainer/model`, the HF export written when training ends).
 
 A rollout "passes" when its env_reward is >= 1.0 (what the bundled verifiers write on success);
 unscored rollouts (infra or verifier failures) are shown apart and left out of the rate, never

@@ -36,7 +36,7 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "qui
            "settings_from_args"]
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
-TRAIN_ONLY = frozenset({"groups_per_step", "steps", "learning_rate", "resume", "weight_sync",
+TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "resume", "weight_sync",
                         "reward_fn", "reward_funcs", "report_to", "shuffle_rewards",
                         "shuffle_tasks", "eval_tasks", "eval_rollouts_per_task", "rollout_service",
                         "rollout_service_key_file"})
@@ -75,6 +75,7 @@ class RunSettings:
     groups_per_step: int = 4
     max_concurrent_rollouts: int = 6
     steps: int = 12
+    save_steps: int = 50  # sharded checkpoint every N steps, and after the last one
     # None: 5e-4 for the committed tiny models, 1e-6 for a --model of your own (__post_init__).
     learning_rate: float | None = None
     temperature: float = 1.0
@@ -134,11 +135,11 @@ class RunSettings:
         return AsyncGRPOConfig(
             num_generations=self.num_generations, groups_per_step=self.groups_per_step,
             max_concurrent_rollouts=self.max_concurrent_rollouts,
-            vllm_server_base_url=self.engine_url, temperature=self.temperature,
+            temperature=self.temperature,
             max_tokens=self.max_tokens, learning_rate=self.learning_rate, max_steps=self.steps,
             seed=self.seed, output_dir=str(Path(run_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
-            save_steps=1, shuffle_rewards=self.shuffle_rewards,
+            save_steps=self.save_steps, shuffle_rewards=self.shuffle_rewards,
             shuffle_dataset=self.shuffle_tasks,
         )
 
@@ -192,6 +193,8 @@ def _help(name: str) -> str:
         "groups_per_step": "groups consumed by one optimizer step",
         "max_concurrent_rollouts": "rollouts in flight at once",
         "steps": "optimizer steps to train",
+        "save_steps": "write a sharded checkpoint every N steps (and after the last; 0: only "
+                      "the last); the final model is exported to <output-dir>/trainer/model",
         "learning_rate": "AdamW learning rate (default: 5e-4 for the committed tiny models, "
                          "1e-6 for any other --model)",
         "temperature": "sampling temperature (enforced on every agent call)",

@@ -190,9 +190,23 @@ def weight_links(engine_url: str, backend: str | None, capture: Any) -> dict[str
     return {"weight_sync": sync, "on_version": None}
 
 
+def join_ranks(config: Any) -> None:
+    """Under torchrun, join every rank to the process groups now (a no-op on one process).
+
+    Called first, before rank 0 starts the engine, the rollout service and the "before"
+    evaluation (minutes): the followers then wait for rank 0 in the trainer's start-up barrier
+    (control group, `step_wait_timeout_s`), not in the rendezvous, which gives up after
+    `dist_timeout_s` (issue 30). `config` is the run's AsyncGRPOConfig."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from trainer.distributed import init_distributed
+
+        init_distributed(config.dist_timeout_s, config.step_wait_timeout_s)
+
+
 def run_training(settings: RunSettings, console: Console | None = None) -> dict:
     """Run a whole training job; returns the summary dict also written to <output-dir>/summary.json."""
     console = console or Console()
+    join_ranks(settings.trainer_config())
     if int(os.environ.get("RANK", "0")) != 0:
         return _follow(settings)
     if settings.output_dir is None and not settings.resume and _world_size() == 1:

@@ -253,19 +253,19 @@ def test_every_python_block_compiles_and_every_block_is_accounted_for() -> None:
 
 
 def test_the_compare_example_evaluates_the_checkpoint_the_train_command_writes() -> None:
-    # README "Evaluate, train, compare": the second eval's --model must be a folder the train
-    # command's settings will write, and the viewer must compare the two evals' folders.
+    # README "Evaluate, train, compare": the second eval's --model must be the folder the train
+    # command's settings export the final model to, and the viewer must compare the two evals' folders.
     commands = [_argv(c) for c in _readme_shell() if "oc" in c and "runs/oc" in c]
     train = next(_settings("harness.train", _module_args(a, "harness.train"))
                  for a in commands if "harness.train" in a)
     evals = [_settings("harness.eval", _module_args(a, "harness.eval"))
              for a in commands if "harness.eval" in a]
     view = next(a for a in commands if "harness.view" in a)
-    written = Path(train.trainer_config().output_dir) / f"checkpoint-{train.steps}" / "model"
+    config = train.trainer_config()
+    assert config.export_model  # the final model in HF layout at <trainer output>/model
+    written = Path(config.output_dir) / "model"
     assert len(evals) == 2 and evals[1].model == str(written)
     assert evals[0].tasks == evals[1].tasks == "family:heldout"  # not the train tasks
     assert evals[0].rollouts_per_task == evals[1].rollouts_per_task
     assert evals[0].harness == evals[1].harness == train.harness
     assert view[3:] == [evals[0].output_dir, "--compare", evals[1].output_dir]
-    # The checkpoint survives pruning: the last save_total_limit checkpoints are kept.
-    assert train.trainer_config().save_total_limit >= 1
