@@ -6,7 +6,8 @@ is one real rollout per task: mini-swe-agent driven by a scripted hostile policy
 sandbox and its grading reset, Harbor's Verifier. No attack does the task, so a task that pays
 reward > 0 after one pays for a wrong answer. The table says which tasks pay, by which attack, and
 where a grader runs code from the work dir. Exit status: 0 none pays, 1 some task pays, 2 bad
-input (a task set that does not load, an unknown attack).
+input (a task set that does not load, an unknown attack), 3 none pays but some rollouts were
+unscorable or never ran their attack (the audit is inconclusive for those; the table says which).
 """
 
 from __future__ import annotations
@@ -124,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         args.json.write_text(json.dumps([r.as_json() for r in results], indent=1))
-    return 1 if paying else 0
+    if paying:
+        return 1
+    if any(r.errors for r in results):
+        console.print("[bold yellow]inconclusive[/]: some rollouts were unscorable (see the table)")
+        return 3
+    return 0
 
 
 if __name__ == "__main__":

@@ -93,7 +93,9 @@ def _attack_copy(task_dir: Path, attack: Attack, root: Path) -> Path:
     copy = root / f"{task_dir.name}--{attack.name}"
     shutil.copytree(task_dir, copy, symlinks=True)
     instruction = copy / "instruction.md"
-    instruction.write_text(instruction.read_text() + f"\nharness-audit-attack: {attack.name}\n")
+    instruction.write_text(
+        instruction.read_text() + f"\nharness-audit-attack: {attack.name} ({copy.name})\n"
+    )
     toml = copy / "task.toml"
     toml.write_text(
         _TASK_NAME.sub(lambda m: f"{m[1]}{m[2]}--{attack.name}{m[3]}", toml.read_text(), count=1)
@@ -172,4 +174,16 @@ def audit_tasks(
         asyncio.run(run_all())
         if engine.errors:
             raise RuntimeError(f"the scripted policy failed: {engine.errors[0]!r}")
+        # An attack whose commands never reached the sandbox proves nothing: say so, per rollout.
+        for (task_name, attack_name), copy in copies.items():
+            attack = next(a for a in attacks if a.name == attack_name)
+            marker = f"({copy.name})"
+            ran = any(
+                m.get("role") == "tool"
+                for body in engine.requests
+                if marker in json.dumps(body.get("messages") or [])
+                for m in body["messages"]
+            )
+            if attack.commands and not ran and attack_name not in results[task_name].errors:
+                results[task_name].errors[attack_name] = "its commands never ran in the sandbox"
     return [results[t.name] for t in tasks]

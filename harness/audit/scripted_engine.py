@@ -57,8 +57,18 @@ from capture.fake_engine import answer_lifespan, check_chat_request, send_json
 from capture.serving import ThreadedUvicorn, read_body
 from capture.upstream import dumps, loads
 
-__all__ = ["SHELL_TOOL_NAMES", "ScriptedEngine", "parse_hermes", "scripted_logprob", "shell_call",
-           "shell_task", "shell_tool_name", "tool_call", "vllm_messages", "vllm_tools"]
+__all__ = [
+    "SHELL_TOOL_NAMES",
+    "ScriptedEngine",
+    "parse_hermes",
+    "scripted_logprob",
+    "shell_call",
+    "shell_task",
+    "shell_tool_name",
+    "tool_call",
+    "vllm_messages",
+    "vllm_tools",
+]
 
 EOS = "<|im_end|>"
 # vLLM's hermes parser (vllm/tool_parsers/hermes_tool_parser.py): a closed call, or an unclosed
@@ -86,14 +96,19 @@ def shell_tool_name(request: dict[str, Any]) -> str:
     """The agent's shell tool among `request["tools"]` (a chat request body, as the engine gets it).
 
     Raises LookupError naming the tools that were offered when none is a shell tool."""
-    names = [tool.get("function", {}).get("name") for tool in request.get("tools") or []
-             if isinstance(tool, dict)]
+    names = [
+        tool.get("function", {}).get("name")
+        for tool in request.get("tools") or []
+        if isinstance(tool, dict)
+    ]
     for candidate in SHELL_TOOL_NAMES:
         if candidate in names:
             return candidate
-    raise LookupError(f"no shell tool ({', '.join(SHELL_TOOL_NAMES)}) among the request's tools "
-                      f"{names}: is this an aux call (no tools), or an agent whose shell tool "
-                      f"needs adding to SHELL_TOOL_NAMES?")
+    raise LookupError(
+        f"no shell tool ({', '.join(SHELL_TOOL_NAMES)}) among the request's tools "
+        f"{names}: is this an aux call (no tools), or an agent whose shell tool "
+        f"needs adding to SHELL_TOOL_NAMES?"
+    )
 
 
 def shell_call(request: dict[str, Any], command: str, description: str = "Run a command") -> str:
@@ -106,8 +121,9 @@ def shell_call(request: dict[str, Any], command: str, description: str = "Run a 
     return tool_call(name, **arguments)
 
 
-def shell_task(*commands: str, final: str = "Done.", title: str = "A title"
-               ) -> Callable[[dict[str, Any]], str]:
+def shell_task(
+    *commands: str, final: str = "Done.", title: str = "A title"
+) -> Callable[[dict[str, Any]], str]:
     """A script that plays a task with the agent's shell tool: on a call with k tool results in
     its history it runs `commands[k]`, after the last one it answers `final`; a call without
     tools (a title, a probe, a side call) gets `title`."""
@@ -129,17 +145,29 @@ def parse_hermes(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         calls = []
         for closed, unclosed in _HERMES_CALL.findall(text):
             call = json.loads(closed or unclosed)
-            calls.append({"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
-                          "function": {"name": call["name"], "arguments": json.dumps(
-                              call["arguments"], ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+                    },
+                }
+            )
     except (ValueError, KeyError, TypeError):
         return text, []  # vLLM logs the failure and returns the whole text as content
     content = text[: text.find("<tool_call>")]
     return content or None, calls
 
 
-_TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
-               "thinking": "thinking"}
+_TEXT_PARTS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
 _BILLING_HEADER = "x-anthropic-billing-header"  # Claude Code's per-request line vLLM drops
 
 
@@ -193,9 +221,15 @@ def vllm_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         calls = message.get("tool_calls")
         if role == "assistant" and calls:
             rendered["tool_calls"] = [
-                {**call, "function": {**call["function"],
-                                      "arguments": _arguments(call["function"].get("arguments"))}}
-                for call in calls]
+                {
+                    **call,
+                    "function": {
+                        **call["function"],
+                        "arguments": _arguments(call["function"].get("arguments")),
+                    },
+                }
+                for call in calls
+            ]
         # vLLM reads `reasoning` only: a `reasoning_content` in the history is not rendered
         reasoning = message.get("reasoning")
         if role == "assistant" and isinstance(reasoning, str):
@@ -215,8 +249,11 @@ def vllm_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     out = []
     for tool in tools:
         function = tool.get("function") or {}
-        dumped = {"name": function.get("name"), "description": function.get("description"),
-                  "parameters": function.get("parameters")}
+        dumped = {
+            "name": function.get("name"),
+            "description": function.get("description"),
+            "parameters": function.get("parameters"),
+        }
         if function.get("strict") is not None:
             dumped["strict"] = function["strict"]
         # a tool-level defer_loading is copied into the function, and kept where it was
@@ -238,15 +275,23 @@ class ScriptedEngine:
     script raised); `errors` what the script raised.
     """
 
-    def __init__(self, tokenizer_path: Path, script: Callable[[dict[str, Any]], str],
-                 model: str = "tiny", *, max_model_len: int = 32768) -> None:
+    def __init__(
+        self,
+        tokenizer_path: Path,
+        script: Callable[[dict[str, Any]], str],
+        model: str = "tiny",
+        *,
+        max_model_len: int = 32768,
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.eos_id = self.tokenizer.convert_tokens_to_ids(EOS)
         if not isinstance(self.eos_id, int) or self.eos_id == self.tokenizer.unk_token_id:
-            raise ValueError(f"{tokenizer_path} has no {EOS} token: the scripted engine speaks "
-                             "the tiny model's ChatML (launchers.tiny_model.build_tiny_model())")
+            raise ValueError(
+                f"{tokenizer_path} has no {EOS} token: the scripted engine speaks "
+                "the tiny model's ChatML (launchers.tiny_model.build_tiny_model())"
+            )
         self.script = script
         self.model = model
         self.max_model_len = max_model_len
@@ -274,10 +319,13 @@ class ScriptedEngine:
     def prompt_ids(self, body: dict[str, Any]) -> list[int]:
         """The request's prompt ids, rendered and encoded as vLLM does (module docstring)."""
         text = self.tokenizer.apply_chat_template(
-            vllm_messages(body["messages"]), tools=vllm_tools(body.get("tools")), tokenize=False,
+            vllm_messages(body["messages"]),
+            tools=vllm_tools(body.get("tools")),
+            tokenize=False,
             add_generation_prompt=body.get("add_generation_prompt", True),
             continue_final_message=body.get("continue_final_message", False),
-            **(body.get("chat_template_kwargs") or {}))
+            **(body.get("chat_template_kwargs") or {}),
+        )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def completion_ids(self, reply: str) -> list[int]:
@@ -298,9 +346,21 @@ class ScriptedEngine:
             await send_json(send, 200, {})
             return
         if path == "/v1/models":
-            await send_json(send, 200, {"object": "list", "data": [
-                {"id": self.model, "object": "model", "owned_by": "vllm",
-                 "max_model_len": self.max_model_len}]})
+            await send_json(
+                send,
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": self.model,
+                            "object": "model",
+                            "owned_by": "vllm",
+                            "max_model_len": self.max_model_len,
+                        }
+                    ],
+                },
+            )
             return
         if path != "/v1/chat/completions" or scope.get("method") != "POST":
             await send_json(send, 404, _error(f"scripted engine: no route {path}", 404))
@@ -312,8 +372,11 @@ class ScriptedEngine:
             await send_json(send, 400, _error(f"scripted engine: bad request: {exc}", 400))
             return
         if body.get("model") != self.model:
-            await send_json(send, 404, _error(f"The model `{body.get('model')}` does not exist.",
-                                              404, "NotFoundError"))
+            await send_json(
+                send,
+                404,
+                _error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError"),
+            )
             return
         try:
             reply: str | None = self.script(body)
@@ -331,19 +394,35 @@ class ScriptedEngine:
             return
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if len(prompt) + (max_tokens or 1) > self.max_model_len:
-            await send_json(send, 400, _error(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"you requested {len(prompt) + (max_tokens or 1)} tokens ({len(prompt)} in the "
-                f"messages, {max_tokens or 1} in the completion).", 400))
+            await send_json(
+                send,
+                400,
+                _error(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                    f"you requested {len(prompt) + (max_tokens or 1)} tokens ({len(prompt)} in the "
+                    f"messages, {max_tokens or 1} in the completion).",
+                    400,
+                ),
+            )
             return
         stops = body.get("stop") or []
         hit = [stop for stop in ([stops] if isinstance(stops, str) else stops) if stop in reply]
-        unsupported = (f"the reply contains the request's stop strings {hit}" if hit else
-                       f"the request asks for n={body['n']}" if (body.get("n") or 1) != 1 else "")
+        unsupported = (
+            f"the reply contains the request's stop strings {hit}"
+            if hit
+            else f"the request asks for n={body['n']}"
+            if (body.get("n") or 1) != 1
+            else ""
+        )
         if unsupported:  # refused loudly rather than answered unlike vLLM
             self.errors.append(ValueError(unsupported))
-            await send_json(send, 500, _error(
-                f"scripted engine: {unsupported}, which is not emulated: change the script", 500))
+            await send_json(
+                send,
+                500,
+                _error(
+                    f"scripted engine: {unsupported}, which is not emulated: change the script", 500
+                ),
+            )
             return
         completion = self.completion_ids(reply)
         finish = "stop"
@@ -357,28 +436,61 @@ class ScriptedEngine:
             await self._stream(send, body, prompt, completion, calls, finish)
         else:
             finish = "tool_calls" if calls else finish
-            await send_json(send, 200, self._whole(body, prompt, completion, content, calls,
-                                                   finish))
+            await send_json(
+                send, 200, self._whole(body, prompt, completion, content, calls, finish)
+            )
 
     def _entries(self, completion: list[int]) -> list[dict[str, Any]]:
         """Logprob entries as vLLM writes them with --return-tokens-as-token-ids."""
         # `bytes` are those of the "token_id:N" string, as vLLM writes them in this mode.
-        return [{"token": f"token_id:{token}", "logprob": scripted_logprob(i),
-                 "bytes": list(f"token_id:{token}".encode()), "top_logprobs": []}
-                for i, token in enumerate(completion)]
+        return [
+            {
+                "token": f"token_id:{token}",
+                "logprob": scripted_logprob(i),
+                "bytes": list(f"token_id:{token}".encode()),
+                "top_logprobs": [],
+            }
+            for i, token in enumerate(completion)
+        ]
 
-    def _whole(self, body: dict[str, Any], prompt: list[int], completion: list[int],
-               content: str | None, calls: list[dict[str, Any]], finish: str) -> dict[str, Any]:
-        message = {"role": "assistant", "content": content, "refusal": None, "annotations": None,
-                   "audio": None, "function_call": None, "tool_calls": calls, "reasoning": None}
+    def _whole(
+        self,
+        body: dict[str, Any],
+        prompt: list[int],
+        completion: list[int],
+        content: str | None,
+        calls: list[dict[str, Any]],
+        finish: str,
+    ) -> dict[str, Any]:
+        message = {
+            "role": "assistant",
+            "content": content,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "tool_calls": calls,
+            "reasoning": None,
+        }
         choice: dict[str, Any] = {
-            "index": 0, "message": message, "finish_reason": finish, "stop_reason": None,
-            "logprobs": {"content": self._entries(completion)} if body.get("logprobs") else None}
+            "index": 0,
+            "message": message,
+            "finish_reason": finish,
+            "stop_reason": None,
+            "logprobs": {"content": self._entries(completion)} if body.get("logprobs") else None,
+        }
         reply: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": self.model, "choices": [choice],
-            "service_tier": None, "system_fingerprint": None, "usage": _usage(prompt, completion),
-            "prompt_logprobs": None, "kv_transfer_params": None}
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": _usage(prompt, completion),
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
         if body.get("return_token_ids"):
             choice["token_ids"] = completion
             reply["prompt_token_ids"] = prompt
@@ -395,47 +507,78 @@ class ScriptedEngine:
         deltas: list[dict[str, Any]] = []
         held = 0  # the first token whose text has not been sent yet
         for i in range(len(completion)):
-            piece = self._decode(completion[held: i + 1]) if i < n_text else ""
+            piece = self._decode(completion[held : i + 1]) if i < n_text else ""
             if piece.endswith("\ufffd"):  # a character split across tokens: wait for the rest
                 piece = ""
             else:
                 held = i + 1
             deltas.append({"content": piece} if piece else {})
         for index, (call, start) in enumerate(zip(calls, starts, strict=True)):
-            end = next((i for i in range(start + 1, len(completion)) if completion[i] == end_id),
-                       len(completion))
+            end = next(
+                (i for i in range(start + 1, len(completion)) if completion[i] == end_id),
+                len(completion),
+            )
             inner = list(range(start + 1, end)) or [start]
             # vLLM writes `content: null` beside each tool-call fragment
-            deltas[inner[0]] = {"content": None, "tool_calls": [{
-                "id": call["id"], "type": "function", "index": index,
-                "function": {"name": call["function"]["name"]}}]}
+            deltas[inner[0]] = {
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "index": index,
+                        "function": {"name": call["function"]["name"]},
+                    }
+                ],
+            }
             arguments = call["function"]["arguments"]
             rest = inner[1:] or inner
             size = -(-len(arguments) // len(rest))
             for k, position in enumerate(rest):
-                if fragment := arguments[k * size: (k + 1) * size]:
+                if fragment := arguments[k * size : (k + 1) * size]:
                     entry = {"index": index, "function": {"arguments": fragment}}
                     deltas[position].setdefault("content", None)
                     deltas[position].setdefault("tool_calls", []).append(entry)
         return deltas
 
-    async def _stream(self, send: Any, body: dict[str, Any], prompt: list[int],
-                      completion: list[int], calls: list[dict[str, Any]], finish: str) -> None:
-        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
-                "created": int(time.time()), "model": self.model}
+    async def _stream(
+        self,
+        send: Any,
+        body: dict[str, Any],
+        prompt: list[int],
+        completion: list[int],
+        calls: list[dict[str, Any]],
+        finish: str,
+    ) -> None:
+        base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.model,
+        }
         with_ids = bool(body.get("return_token_ids"))
-        first: dict[str, Any] = {**base, "choices": [{
-            "index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-            "finish_reason": None}]}
+        first: dict[str, Any] = {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
         if with_ids:
             first["prompt_token_ids"] = prompt
         chunks = [first]
         entries = self._entries(completion) if body.get("logprobs") else None
         for i, delta in enumerate(self._deltas(completion, calls)):
             choice: dict[str, Any] = {
-                "index": 0, "delta": delta,
+                "index": 0,
+                "delta": delta,
                 "logprobs": {"content": [entries[i]]} if entries else None,
-                "finish_reason": finish if i == len(completion) - 1 else None}
+                "finish_reason": finish if i == len(completion) - 1 else None,
+            }
             if i == len(completion) - 1:
                 choice["stop_reason"] = None
             if with_ids:
@@ -443,17 +586,31 @@ class ScriptedEngine:
             chunks.append({**base, "choices": [choice]})
         if (body.get("stream_options") or {}).get("include_usage"):
             chunks.append({**base, "choices": [], "usage": _usage(prompt, completion)})
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+            }
+        )
         for chunk in chunks:
-            await send({"type": "http.response.body", "body": b"data: " + dumps(chunk) + b"\n\n",
-                        "more_body": True})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + dumps(chunk) + b"\n\n",
+                    "more_body": True,
+                }
+            )
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
 def _usage(prompt: list[int], completion: list[int]) -> dict[str, Any]:
-    return {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(completion),
-            "completion_tokens": len(completion), "prompt_tokens_details": None}
+    return {
+        "prompt_tokens": len(prompt),
+        "total_tokens": len(prompt) + len(completion),
+        "completion_tokens": len(completion),
+        "prompt_tokens_details": None,
+    }
 
 
 def _error(message: str, code: int, kind: str = "BadRequestError") -> dict[str, Any]:
