@@ -92,9 +92,21 @@ def test_the_command_flags_an_open_grader_and_exits_1(tmp_path: Path) -> None:
     attacks = "nothing,plant-modules-in-workdir,write-reward-files,daemon-writes-reward"
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     done = subprocess.run(
-        [sys.executable, "-m", "harness.audit", str(task), "--attacks", attacks,
-         "--json", str(out)],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "harness.audit",
+            str(task),
+            "--attacks",
+            attacks,
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
     )
     text = done.stdout + done.stderr
     assert done.returncode == 1, text
@@ -113,13 +125,20 @@ def test_the_command_flags_an_open_grader_and_exits_1(tmp_path: Path) -> None:
 def test_bad_input_is_refused_with_what_to_do(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = [sys.executable, "-m", "harness.audit"]
-    unknown = subprocess.run([*run, "bundled", "--attacks", "nothing,no-such-attack"],
-                             capture_output=True, text=True, env=env, check=False)
+    unknown = subprocess.run(
+        [*run, "bundled", "--attacks", "nothing,no-such-attack"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     assert unknown.returncode == 2 and "no-such-attack" in unknown.stderr, unknown
-    missing = subprocess.run([*run, str(tmp_path / "nowhere")],
-                             capture_output=True, text=True, env=env, check=False)
+    missing = subprocess.run(
+        [*run, str(tmp_path / "nowhere")], capture_output=True, text=True, env=env, check=False
+    )
     assert missing.returncode == 2 and "nowhere" in missing.stderr, missing
-    listed = subprocess.run([*run, "--list-attacks"], capture_output=True, text=True, env=env,
-                            check=False)
+    listed = subprocess.run(
+        [*run, "--list-attacks"], capture_output=True, text=True, env=env, check=False
+    )
     assert listed.returncode == 0, listed
     assert all(a.name in listed.stdout for a in ATTACKS), listed.stdout
