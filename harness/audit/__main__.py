@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -89,8 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency < 1:
         err.print(f"[bold red]cannot start[/]: --concurrency must be >= 1 (got {args.concurrency})")
         return 2
+    from harness.run_config import quiet_harbor
     from harness.tasks import load_tasks
     from launchers.tiny_model import build_tiny_model
+
+    # Each attack the sandbox catches logs a warning ("tampered with its grading"): expected
+    # here, and its cause is in --json; the table is the report.
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("harness").setLevel(logging.ERROR)
+    quiet_harbor()
 
     try:
         tasks = load_tasks(args.tasks, count=args.task_count)
