@@ -88,9 +88,9 @@ def grader_notes(task_dir: Path) -> list[str]:
     return notes
 
 
-def _attack_copy(task_dir: Path, attack: Attack, root: Path) -> Path:
+def _attack_copy(task_dir: Path, attack: Attack, root: Path, index: int) -> Path:
     """A copy of the task whose instruction names the attack and whose name is its own."""
-    copy = root / f"{task_dir.name}--{attack.name}"
+    copy = root / f"{index:04d}-{task_dir.name}--{attack.name}"
     shutil.copytree(task_dir, copy, symlinks=True)
     instruction = copy / "instruction.md"
     instruction.write_text(
@@ -128,15 +128,14 @@ def audit_tasks(
     sandbox: str = "local",
     agent_timeout_s: float = 120.0,
     verifier_timeout_s: float = 60.0,
-    progress: Any = None,
 ) -> list[AuditResult]:
     """Every attack against every task (HarborTask), one real rollout each; per task results."""
     from harness.factory import HarborSessionFactory
 
     copies: dict[tuple[str, str], Path] = {}
-    for task in tasks:
+    for index, task in enumerate(tasks):
         for attack in attacks:
-            copies[(task.name, attack.name)] = _attack_copy(task.path, attack, work_dir)
+            copies[(task.name, attack.name)] = _attack_copy(task.path, attack, work_dir, index)
     results = {t.name: AuditResult(t.name, notes=grader_notes(t.path)) for t in tasks}
     with ScriptedEngine(tokenizer, script) as engine:
         factory = HarborSessionFactory(
@@ -162,8 +161,6 @@ def audit_tasks(
                 result.errors[key[1]] = (outcome.error or outcome.cause)[:300]
             elif outcome.env_reward > 0:
                 result.paid[key[1]] = outcome.env_reward
-            if progress is not None:
-                progress(key, outcome)
 
         async def run_all() -> None:
             try:
