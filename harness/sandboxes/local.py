@@ -28,8 +28,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import functools
-import hashlib
 import io
 import json
 import logging
@@ -51,6 +49,7 @@ from pathlib import Path, PurePosixPath
 from harness.sandboxes.channel import OutputSink, PortForwarder, RawExecResult, run_command
 from harness.sandboxes.errors import (
     SandboxClosedError,
+    SandboxDiedError,
     SandboxExecError,
     SandboxExecTimeoutError,
     SandboxPathError,
@@ -58,7 +57,13 @@ from harness.sandboxes.errors import (
     SandboxUnavailableError,
 )
 from harness.sandboxes.limits import ProcessCgroup, SandboxLimits
-from harness.sandboxes.mounts import BASE_PATH, bwrap_argv, usr_links
+from harness.sandboxes.mounts import BASE_PATH, DEV_NODES, bwrap_argv, usr_links
+from harness.sandboxes.supervisor_build import (
+    SANDBOX_PYTHON,
+    compiled_supervisor,
+    default_base_dir,
+    grader_python_dir,
+)
 
 __all__ = [
     "BASE_ENV",
@@ -66,24 +71,30 @@ __all__ = [
     "GRADING_HOME",
     "GRADING_HOOKS",
     "GRADING_PATHS",
+    "GRADING_SCRATCH",
+    "GRADER_PYTHON_DIR",
+    "TOOLCHAIN_HOOKS",
     "BwrapSandbox",
     "GradingReset",
     "SandboxSpec",
     "check_bwrap_available",
+    "compiled_supervisor",
     "default_base_dir",
     "grading_env",
 ]
 
 logger = logging.getLogger(__name__)
 
-_SUPERVISOR_PATH = Path(__file__).with_name("supervisor.py")
 _SUPERVISOR_DIR_IN_SANDBOX = "/run/harness-supervisor"
 _SUPERVISOR_STUB = (
     f"import sys; sys.path.insert(0, {_SUPERVISOR_DIR_IN_SANDBOX!r}); "
     "import supervisor; supervisor.main()"
 )
-_SANDBOX_PYTHON = "/usr/bin/python3"
+_SANDBOX_PYTHON = SANDBOX_PYTHON
 _READY_TIMEOUT_S = 20.0
+# A supervisor op (kill everything, the grading reset) that takes longer than this means pid 1
+# is wedged or dying: waiting on forever would hang the grading (issue 29, finding 10).
+_OP_TIMEOUT_S = 120.0
 _LIVE: set[BwrapSandbox] = set()  # started, not yet stopped (strong refs: stop them at exit)
 
 # The only variables a command sees besides the spec's and the caller's: no host secrets pass.
@@ -136,13 +147,41 @@ GRADING_HOOKS: tuple[str, ...] = tuple(
     )
 )
 
+# Toolchain config the grader's tools read from an ancestor of /tests (/: node's require walks
+# up to /node_modules, npm, go, cargo, uv, git, dotenv look there too), put back as the image
+# had it before grading (grading_scratch.py). Unlike GRADING_HOOKS, not evidence: an honest
+# agent may run `npm install` in /. A task that asks for one of them declares it an output.
+TOOLCHAIN_HOOKS: tuple[str, ...] = tuple(
+    "/" + name
+    for name in """
+    node_modules package.json package-lock.json .npmrc .yarnrc .yarnrc.yml .pnpmfile.cjs
+    pnpm-workspace.yaml bunfig.toml deno.json deno.jsonc tsconfig.json jsconfig.json
+    babel.config.js .babelrc jest.config.js vitest.config.js vitest.config.ts .mocharc.json
+    .mocharc.yml .mocharc.js go.mod go.work Cargo.toml .cargo rust-toolchain rust-toolchain.toml
+    .python-version uv.toml pyvenv.cfg .venv pip.conf pdm.toml poetry.toml Gemfile .bundle
+    composer.json .git .env .tool-versions mise.toml .mise.toml .node-version .nvmrc
+    sitecustomize.py
+    """.split()  # noqa: SIM905 (a word list reads better than 45 quoted strings)
+)
+
+# The grader's scratch space: emptied before grading but for what the image put there, mount
+# points and the task's declared outputs (grading_scratch.py).
+GRADING_SCRATCH: tuple[str, ...] = ("/tmp", "/var/tmp", "/run")
+
+# Where the grader's sitecustomize.py lives in the sandbox (supervisor_build.grader_python_dir,
+# bound read-only): the work dir never shadows a module the grader's Python has elsewhere.
+GRADER_PYTHON_DIR = "/run/harness-grader-python"
+
 # Variables every grading command gets unless the task's own config sets them (the task's are
 # its invitation; the agent can set none of them: each command's environment comes from the
 # host). HOME: see GRADING_HOME. PYTHONNOUSERSITE: no user site even for a grader that sets
-# HOME back. GIT_CONFIG_*: a grader running git in the agent's repo runs no hook the repo's
-# .git names and no fsmonitor command (env-given config outranks the repo's own config).
+# HOME back. PYTHONPATH: the grader_site.py hook (no module of the work dir's shadows one the
+# grader's Python has elsewhere; a dir that is absent, on other backends, is skipped).
+# GIT_CONFIG_*: a grader running git in the agent's repo runs no hook the repo's .git names and
+# no fsmonitor command (env-given config outranks the repo's own config).
 GRADING_ENV: dict[str, str] = {
     "HOME": GRADING_HOME,
+    "PYTHONPATH": GRADER_PYTHON_DIR,
     "PYTHONNOUSERSITE": "1",
     "GIT_CONFIG_COUNT": "2",
     "GIT_CONFIG_KEY_0": "core.hooksPath",
@@ -172,6 +211,7 @@ class GradingReset:
     found:      agent state in or above the grading dirs, now removed (pre-written reward, a
                 planted /tests, a symlink or lock in their place)
     errors:     paths that could not be reset
+    reset:      the agent's scratch files and toolchain config at / put back (not evidence)
     free_bytes / free_inodes: the sandbox root's free space after the reset (-1: not reported)
     """
 
@@ -181,6 +221,7 @@ class GradingReset:
     errors: list[str]
     free_bytes: int
     free_inodes: int
+    reset: list[str] = field(default_factory=list)
 
     @property
     def evidence(self) -> list[str]:
@@ -217,63 +258,6 @@ class SandboxSpec:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     seed: Mapping[str, Path] = field(default_factory=dict)
     hostname: str = "sandbox"
-
-
-def default_base_dir() -> Path:
-    """Where a sandbox's host-side dir (control socket, relay sockets, log) and the compiled
-    supervisor go: $HARNESS_SANDBOX_DIR, else /dev/shm, else the temp dir.
-
-    Measured here: creating and removing a few dirs took ~30 ms on the VM's disk under load and
-    under 1 ms on /dev/shm. Only sockets and a small log live there; the sandbox's own files
-    live in its tmpfs root, inside its mount namespace.
-    """
-    override = os.environ.get("HARNESS_SANDBOX_DIR")
-    if override:
-        path = Path(override)
-    else:
-        shm = Path("/dev/shm")
-        fast = False
-        if shm.is_dir() and os.access(shm, os.W_OK):
-            st = os.statvfs(shm)
-            fast = st.f_bavail * st.f_frsize >= 2 << 30
-        path = shm / "harness-sandboxes" if fast else Path(tempfile.gettempdir())
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@functools.lru_cache(maxsize=1)
-def compiled_supervisor() -> Path:
-    """A dir with supervisor.py and its bytecode for the sandbox's python3, built once per host.
-
-    Passing the source with `-c` made every start compile it again (~3-10 ms of CPU measured
-    here); the sandbox imports the cached .pyc instead. Keyed by the source's hash, so an edit
-    makes a new one; bound read-only, so nothing inside can change what the next start runs.
-    """
-    source = _SUPERVISOR_PATH.read_bytes()
-    base = default_base_dir()
-    target = base / f"supervisor-{hashlib.sha256(source).hexdigest()[:16]}"
-    if (target / ".complete").exists():
-        return target
-    staging = Path(tempfile.mkdtemp(prefix=".supervisor-", dir=base))
-    (staging / "supervisor.py").write_bytes(source)
-    compile_it = "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)"
-    result = subprocess.run(
-        [_SANDBOX_PYTHON, "-I", "-S", "-c", compile_it, str(staging / "supervisor.py")],
-        capture_output=True,
-        timeout=120,
-    )
-    if result.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise SandboxUnavailableError(
-            f"{_SANDBOX_PYTHON} could not compile the sandbox supervisor (it needs Python >= "
-            f"3.9): {result.stderr.decode(errors='replace')[-500:]}"
-        )
-    (staging / ".complete").touch()
-    try:
-        staging.rename(target)
-    except OSError:  # another process got there first: theirs is identical
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def check_bwrap_available() -> None:
@@ -351,17 +335,23 @@ class BwrapSandbox:
             "ctl_fd": self._ctl.fileno(),
             "forward": forward_map,
             "limits": self.spec.limits.rlimits(),
+            "dev_nodes": list(DEV_NODES),
         }
         info_r, info_w = os.pipe()
         payload = marshal.dumps(config, 4).hex()  # the supervisor reads marshal, not JSON
         compiled = compiled_supervisor()
-        ro_binds = {**self.spec.ro_binds, str(compiled): _SUPERVISOR_DIR_IN_SANDBOX}
+        ro_binds = {
+            **self.spec.ro_binds,
+            str(compiled): _SUPERVISOR_DIR_IN_SANDBOX,
+            str(grader_python_dir()): GRADER_PYTHON_DIR,
+        }
         command = [_SANDBOX_PYTHON, "-I", "-S", "-c", _SUPERVISOR_STUB, payload]
         workdir = PurePosixPath(self.spec.workdir)
         if not workdir.is_absolute() or ".." in workdir.parts:
             raise SandboxPathError(f"workdir must be absolute without '..': {workdir}")
         argv = bwrap_argv(
             root_size_bytes=self.spec.limits.root_size_bytes(),
+            shm_size_bytes=self.spec.limits.shm_size_bytes(),
             dirs=[
                 "/tmp",
                 "/root",
@@ -411,11 +401,29 @@ class BwrapSandbox:
             )
         self._child_pid = int(json.loads(info.split(b"}")[0] + b"}")["child-pid"])
 
+    @property
+    def log_path(self) -> Path | None:
+        """The supervisor's stderr on the host (gone after stop(): it lives in the private dir)."""
+        return None if self.dir is None else self.dir / "run" / "supervisor.log"
+
     def _log_tail(self) -> str:
         path = self.log_path
         if path is None or not path.exists():
             return ""
         return path.read_text(errors="replace")[-2000:]
+
+    def _check_alive(self) -> None:
+        """Raise SandboxDiedError when pid 1 is gone and we did not stop it; Closed when stopped."""
+        if self._proc is not None and not self._stopped and self._proc.poll() is not None:
+            tail = self._log_tail()
+            raise SandboxDiedError(
+                f"sandbox {self.name}: its pid 1 exited (bwrap status {self._proc.returncode}) "
+                f"while nothing on the host had stopped it; log tail: {tail[-500:]!r}",
+                status=self._proc.returncode,
+                log_tail=tail,
+            )
+        if not self.running or self.dir is None:
+            raise SandboxClosedError(f"sandbox {self.name} is not running")
 
     async def stop(self) -> None:
         """Kill every process of the sandbox, close its relays and remove its files. Idempotent.
@@ -501,9 +509,10 @@ class BwrapSandbox:
         stdin: bytes = b"",
         on_output: OutputSink | None = None,
     ) -> RawExecResult:
-        """Run argv inside; raises SandboxExecTimeoutError past the deadline (group killed)."""
-        if not self.running or self.dir is None:
-            raise SandboxClosedError(f"sandbox {self.name} is not running")
+        """Run argv inside; raises SandboxExecTimeoutError past the deadline (group killed),
+        SandboxDiedError when the sandbox's pid 1 died under it."""
+        self._check_alive()
+        assert self.dir is not None
         timeout = timeout_s if timeout_s is not None else self.spec.limits.default_exec_timeout_s
         full_env = {**BASE_ENV, **self.spec.env, **(env or {})}
         run = run_command(
@@ -516,7 +525,12 @@ class BwrapSandbox:
             on_output=on_output,
         )
         # The supervisor enforces the deadline; this backstop covers a wedged supervisor.
-        result = await (asyncio.wait_for(run, timeout + 30) if timeout else run)
+        try:
+            result = await (asyncio.wait_for(run, timeout + 30) if timeout else run)
+        except SandboxExecError:
+            await self._settle()
+            self._check_alive()
+            raise
         if result.timed_out:
             raise SandboxExecTimeoutError(
                 f"command timed out after {timeout} seconds and was killed: {argv[-1][:200]!r}",
@@ -540,7 +554,11 @@ class BwrapSandbox:
         return int(answer["killed"])
 
     async def prepare_grading(
-        self, timeout_s: float = 10.0, *, record_image: bool = False
+        self,
+        timeout_s: float = 10.0,
+        *,
+        record_image: bool = False,
+        outputs: tuple[str, ...] | list[str] = (),
     ) -> GradingReset:
         """End the agent's reach before grading; what it left in the grading paths is returned.
 
@@ -552,11 +570,22 @@ class BwrapSandbox:
         them. Nothing the agent started can run afterwards, so nothing can pre-seed, lock or
         rewrite what the verifier uses. `record_image=True` (the reset right after the image is
         built) takes the hook files present now as the image's own.
+
+        Then the grader's own machinery (THREAT_MODEL.md): scratch space (GRADING_SCRATCH)
+        emptied and toolchain config at / (TOOLCHAIN_HOOKS) put back as the image had them,
+        except `outputs`, the paths the task declares as the agent's output (task.toml
+        `[metadata] harness_outputs`). Those are listed in the answer's `reset`, not evidence.
         """
+        for path in outputs:
+            if not str(path).startswith("/") or ".." in PurePosixPath(path).parts:
+                raise SandboxPathError(f"a declared output must be absolute without '..': {path}")
         args = {
             "paths": [list(p) for p in GRADING_PATHS],
             "links": [list(link) for link in usr_links()],
             "hooks": list(GRADING_HOOKS),
+            "toolchain": list(TOOLCHAIN_HOOKS),
+            "scratch": list(GRADING_SCRATCH),
+            "keep": [*(str(p) for p in outputs), GRADING_HOME],  # (GRADING_PATHS resets it)
             "record": record_image,
             "timeout": timeout_s,
         }
@@ -568,14 +597,36 @@ class BwrapSandbox:
             errors=list(answer["errors"]),
             free_bytes=int(answer["free_bytes"]),
             free_inodes=int(answer["free_inodes"]),
+            reset=list(answer.get("reset") or []),
         )
 
+    async def _settle(self) -> None:
+        """A broken channel: give a dying pid 1 a moment to be reaped, so it is told apart."""
+        if self._proc is None:
+            return
+        deadline = time.monotonic() + 2.0
+        while self._proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
     async def _supervisor_op(self, op: str, args: dict[str, object]) -> dict[str, object]:
-        if not self.running or self.dir is None:
-            raise SandboxClosedError(f"sandbox {self.name} is not running")
-        result = await run_command(
+        self._check_alive()
+        assert self.dir is not None
+        limit = _OP_TIMEOUT_S + float(args.get("timeout") or 0)  # type: ignore[arg-type]
+        run = run_command(
             self.dir / "run" / "ctl.sock", [], env={}, cwd="/", timeout_s=None, op=op, op_args=args
         )
+        try:
+            result = await asyncio.wait_for(run, limit)
+        except TimeoutError as exc:
+            self._check_alive()
+            raise SandboxExecError(
+                f"sandbox {self.name}: the supervisor did not answer {op} within {limit:.0f} s; "
+                f"log tail: {self._log_tail()!r}"
+            ) from exc
+        except SandboxExecError:
+            await self._settle()
+            self._check_alive()
+            raise
         try:
             return marshal.loads(result.stdout)
         except (EOFError, ValueError, TypeError) as exc:
