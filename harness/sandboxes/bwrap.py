@@ -155,6 +155,7 @@ from harness.sandboxes.errors import (
 from harness.sandboxes.limits import SandboxLimits
 from harness.sandboxes.local import BwrapSandbox, GradingReset, SandboxSpec, grading_env
 from harness.sandboxes.mounts import resolved_tool_binds
+from harness.sandboxes.outputs import declared_outputs
 from harness.sandboxes.ports import parse_forward, url_forward
 
 __all__ = ["BwrapEnvironment"]
@@ -190,6 +191,7 @@ class BwrapEnvironment(BaseEnvironment):
         self._limits = limits or SandboxLimits()
         self._base_dir = Path(base_dir) if base_dir else None
         self._recipe = EnvironmentRecipe()
+        self._outputs: tuple[str, ...] = ()  # task.toml's [metadata] harness_outputs
         self.sandbox: BwrapSandbox | None = None
         # Grading state: whether anything but grading ran since the last reset, each reset's
         # report, and each command since the last reset with its exit code (the verifier's,
@@ -218,6 +220,7 @@ class BwrapEnvironment(BaseEnvironment):
         return EnvironmentCapabilities(disable_internet=True)
 
     def _validate_definition(self) -> None:
+        self._outputs = declared_outputs(self.environment_dir.parent / "task.toml")
         dockerfile = self.environment_dir / "Dockerfile"
         if dockerfile.exists():
             self._recipe = parse_dockerfile(dockerfile, self.environment_dir)
@@ -314,6 +317,8 @@ class BwrapEnvironment(BaseEnvironment):
         if self._is_verifier_test_command(command):
             # The grader's environment (local.GRADING_ENV) under the task's own variables.
             extra = grading_env(merged, self.sandbox.spec.env)
+            # grader_site.py: the work dir's modules never shadow the grader's own
+            extra["HARNESS_GRADER_WORKDIR"] = self.workdir
             merged = {**extra, **(merged or {})}
         result = await self.sandbox.exec(
             ["/bin/sh", "-c", command],
@@ -339,7 +344,7 @@ class BwrapEnvironment(BaseEnvironment):
         """
         if self.sandbox is None:
             raise SandboxStartError(f"{self.session_id}: prepare_grading before start()")
-        reset = await self.sandbox.prepare_grading()
+        reset = await self.sandbox.prepare_grading(outputs=self._outputs)
         self._agent_ran = False
         self.commands_since_reset = []
         self.grading_resets.append(reset)
