@@ -45,6 +45,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from harness.sandboxes.channel import OutputSink, PortForwarder, RawExecResult, run_command
 from harness.sandboxes.errors import (
@@ -495,6 +496,11 @@ class BwrapSandbox:
         return out
 
     @property
+    def supervisor_pid(self) -> int | None:
+        """The host pid of the sandbox's pid 1 (None before start): for logs and fault tests."""
+        return self._child_pid
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None and not self._stopped
 
@@ -526,7 +532,9 @@ class BwrapSandbox:
         )
         # The supervisor enforces the deadline; this backstop covers a wedged supervisor.
         try:
-            result = await (asyncio.wait_for(run, timeout + 30) if timeout else run)
+            result = await self._unless_pid1_dies(
+                asyncio.wait_for(run, timeout + 30) if timeout else run
+            )
         except SandboxExecError:
             await self._settle()
             self._check_alive()
@@ -600,6 +608,26 @@ class BwrapSandbox:
             reset=list(answer.get("reset") or []),
         )
 
+    async def _unless_pid1_dies(self, awaitable: Any) -> Any:
+        """`awaitable`'s result, or SandboxDiedError as soon as pid 1 is gone.
+
+        The host holds the control socket's listening end, so a command sent to a dead pid 1
+        is queued, never refused: without this, it waited forever (issue 29, finding 10).
+        """
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.05)
+                if done:
+                    return task.result()
+                if self._proc is not None and self._proc.poll() is not None:
+                    self._check_alive()  # raises: died, or stopped under us
+                    raise SandboxClosedError(f"sandbox {self.name} is not running")
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+
     async def _settle(self) -> None:
         """A broken channel: give a dying pid 1 a moment to be reaped, so it is told apart."""
         if self._proc is None:
@@ -616,7 +644,7 @@ class BwrapSandbox:
             self.dir / "run" / "ctl.sock", [], env={}, cwd="/", timeout_s=None, op=op, op_args=args
         )
         try:
-            result = await asyncio.wait_for(run, limit)
+            result = await self._unless_pid1_dies(asyncio.wait_for(run, limit))
         except TimeoutError as exc:
             self._check_alive()
             raise SandboxExecError(
