@@ -65,7 +65,7 @@ for k in range(4):
         except OSError:
             pass
         time.sleep(3)
-        print(len(socks), flush=True)
+        print(f"held={len(socks)}", flush=True)
         os._exit(0)
     kids.append(pid)
 for pid in kids:
@@ -239,7 +239,7 @@ def test_every_attack_on_the_graders_machinery_ends_scored_zero(
         for m in b["messages"]
         if m.get("role") == "tool"
     ]
-    held = sum(int(n) for n in re.findall(r"^(\d+)$", json.dumps(flood).replace("\\n", "\n"), re.M))
+    held = sum(int(n) for n in re.findall(r"held=(\d+)", json.dumps(flood)))
     assert held >= 2100, flood
     # The host's device nodes were never touched (on a root host the chmod used to reach them).
     for path, before in devices.items():
