@@ -286,6 +286,7 @@ def test_the_build_cache_is_ours_alone_and_checked_at_reuse(
 ) -> None:
     monkeypatch.setenv("HARNESS_SANDBOX_DIR", str(tmp_path))
     supervisor_build._supervisor_build.cache_clear()
+    supervisor_build._supervisor_sources.cache_clear()
     try:
         built = supervisor_build.compiled_supervisor()
         cache = supervisor_build.cache_dir()
@@ -303,3 +304,4 @@ def test_the_build_cache_is_ours_alone_and_checked_at_reuse(
             supervisor_build.cache_dir()
     finally:
         supervisor_build._supervisor_build.cache_clear()
+        supervisor_build._supervisor_sources.cache_clear()

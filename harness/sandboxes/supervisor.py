@@ -7,7 +7,7 @@ standard library: its start-up is most of the sandbox's start-up. Measured with 
 `functools`/`collections`) were ~3/4 of the import time, so it uses `marshal`, `_socket` and
 `select.epoll` directly. Keep it that way (and keep its syntax valid on Python 3.9).
 
-The host compiles it once with that python3 (local.compiled_supervisor), binds the result
+The host compiles it once with that python3 (supervisor_build.py), binds the result
 read-only at /run/harness-supervisor, and starts it as the sandbox's pid 1 (`bwrap --as-pid-1`) and talks to it over one listening
 unix socket whose file descriptor it inherits (the socket's path lives in a host directory the
 sandbox cannot see, so nothing inside can open a second control connection). As pid 1 it is
@@ -39,6 +39,13 @@ capture proxy). Nothing else on the host is reachable.
 
 Limits set here are inherited by every command: RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, no
 core dumps. A command past its deadline has its process group SIGKILLed.
+
+Before anything else it remounts the host's device nodes read-only and drops its capabilities
+for good (pid1_setup.py). The grading reset's scratch and toolchain parts are in
+grading_scratch.py (imported only then). It must outlive anything the agent does: a connection
+flood at a forwarded port meets a relay cap and, out of descriptors, a reserved fd that lets
+accept drain the queue; a handler that fails closes its own connection only. If pid 1 dies
+anyway, the host scores the rollout `tampered` (errors.SandboxDiedError).
 
 It refuses to do anything else: no file transfer primitives (the host streams tar through `exec`,
 so every path is resolved inside the sandbox's view and an agent's symlink cannot point a host

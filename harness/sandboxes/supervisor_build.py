@@ -124,8 +124,7 @@ def _reusable(target: Path, files: dict[str, bytes]) -> bool:
     return (target / ".complete").exists()
 
 
-def _build(name: str, sources: dict[str, Path], compile_them: bool) -> Path:
-    files = {dest: src.read_bytes() for dest, src in sources.items()}
+def _build(name: str, files: dict[str, bytes], compile_them: bool) -> Path:
     digest = hashlib.sha256()
     for dest in sorted(files):
         digest.update(dest.encode() + b"\0" + files[dest] + b"\0")
@@ -175,8 +174,14 @@ def _compile(staging: Path, names: list[str]) -> None:
 
 
 @functools.lru_cache(maxsize=1)
+def _supervisor_sources() -> dict[str, bytes]:
+    """The supervisor's files as this process first read them (what it builds and checks)."""
+    return {dest: src.read_bytes() for dest, src in _SUPERVISOR_FILES.items()}
+
+
+@functools.lru_cache(maxsize=1)
 def _supervisor_build() -> Path:
-    return _build("supervisor", _SUPERVISOR_FILES, compile_them=True)
+    return _build("supervisor", _supervisor_sources(), compile_them=True)
 
 
 def compiled_supervisor() -> Path:
@@ -184,14 +189,14 @@ def compiled_supervisor() -> Path:
 
     Passing the source with `-c` made every start compile it again (~3-10 ms of CPU measured
     here); the sandbox imports the cached .pyc instead. The dir is checked again at every call
-    (a few stats), since it lives on a shared filesystem.
+    (a few stats and a compare), since it lives on a shared filesystem.
     """
     target = _supervisor_build()
-    _reusable(target, {n: p.read_bytes() for n, p in _SUPERVISOR_FILES.items()})
+    _reusable(target, _supervisor_sources())
     return target
 
 
 def grader_python_dir() -> Path:
     """The dir put first on the grader's PYTHONPATH (its sitecustomize.py: grader_site.py)."""
-    target = _build("grader-python", _GRADER_FILES, compile_them=False)
-    return target
+    files = {dest: src.read_bytes() for dest, src in _GRADER_FILES.items()}
+    return _build("grader-python", files, compile_them=False)
