@@ -556,20 +556,6 @@ def _grading_reset(header):
     killed, survivors = _killall(float(header.get("timeout") or 10.0))
     found, errors, reset = [], [], []
     if not survivors:  # a survivor could undo the reset: leave the dirs as evidence instead
-        import grading_scratch  # (only graders pay its import, not the supervisor's start-up)
-
-        keep = list(header.get("keep") or ())
-        record = bool(header.get("record"))
-        try:
-            grading_scratch.reset_toolchain(
-                list(header.get("toolchain") or ()), keep, record, reset
-            )
-        except OSError as exc:
-            errors.append(f"toolchain config: {exc}")
-        try:
-            grading_scratch.reset_scratch(list(header.get("scratch") or ()), keep, record, reset)
-        except OSError as exc:
-            errors.append(f"scratch space: {exc}")
         for path, target in header.get("links") or ():
             try:
                 _reset_link(path, target, found)
@@ -584,7 +570,24 @@ def _grading_reset(header):
             _reset_hooks(list(header.get("hooks") or ()), bool(header.get("record")), found)
         except OSError as exc:
             errors.append(f"grader hooks: {exc}")
+    # Free space as the agent left it (its scratch files count): a full disk is evidence even
+    # when the scratch reset below happens to free it.
     st = os.statvfs("/")
+    if not survivors:
+        import grading_scratch  # (only graders pay its import, not the supervisor's start-up)
+
+        keep = list(header.get("keep") or ())
+        record = bool(header.get("record"))
+        try:
+            grading_scratch.reset_toolchain(
+                list(header.get("toolchain") or ()), keep, record, reset
+            )
+        except OSError as exc:
+            errors.append(f"toolchain config: {exc}")
+        try:
+            grading_scratch.reset_scratch(list(header.get("scratch") or ()), keep, record, reset)
+        except OSError as exc:
+            errors.append(f"scratch space: {exc}")
     return {
         "killed": killed,
         "survivors": survivors,
