@@ -21,7 +21,15 @@ import os
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND = 32, 4096
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
-_KEEP = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME | _MS_RELATIME
+# statvfs's ST_* bit -> mount(2)'s MS_* flag (equal but for relatime: ST 4096, MS 1 << 21)
+_ST_TO_MS = (
+    (2, _MS_NOSUID),
+    (4, _MS_NODEV),
+    (8, _MS_NOEXEC),
+    (1024, _MS_NOATIME),
+    (2048, _MS_NODIRATIME),
+    (4096, _MS_RELATIME),
+)
 _PR_CAPBSET_DROP = 24
 _CAP_LAST = 63
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -55,7 +63,11 @@ def harden_dev(nodes):
     for path in nodes:
         if not os.path.exists(path):
             continue
-        flags = os.statvfs(path).f_flag & _KEEP
+        st_flags = os.statvfs(path).f_flag
+        flags = 0
+        for st_bit, ms_flag in _ST_TO_MS:
+            if st_flags & st_bit:
+                flags |= ms_flag
         if (
             _libc.mount(
                 None, path.encode(), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags, None
