@@ -305,3 +305,43 @@ def test_the_build_cache_is_ours_alone_and_checked_at_reuse(
     finally:
         supervisor_build._supervisor_build.cache_clear()
         supervisor_build._supervisor_sources.cache_clear()
+
+
+def test_the_grader_site_rule_is_by_name_not_by_dir(tmp_path: Path) -> None:
+    """grader_site.py under the host's Python: work dir copies of importable modules lose, the
+    work dir's own modules load, a venv inside the work dir counts as the work dir's."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_bytes(
+        (Path(local.__file__).parent / "grader_site.py").read_bytes()
+    )
+    work = tmp_path / "app"
+    (work / "lib").mkdir(parents=True)
+    (work / "csv.py").write_text("raise SystemExit(9)\n")
+    (work / "lib" / "answer_mod.py").write_text("VALUE = 'from the work dir'\n")
+    (work / "solution.py").write_text("ANSWER = 42\n")
+    code = (
+        "import sys; sys.path.append({!r})\n"
+        "import csv, solution, answer_mod\n"
+        "print(csv.__file__.startswith(sys.base_prefix), solution.ANSWER, answer_mod.VALUE)\n"
+    ).format(str(work / "lib"))
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site)}
+    for extra in ({}, {"HARNESS_GRADER_WORKDIR": str(work)}):
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=work,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["True", "42", "from", "the", "work", "dir"], out.stdout
+    # Without the hook the planted csv.py runs: the test shows the attack, not a no-op.
+    bare = subprocess.run(
+        [sys.executable, "-c", "import csv"], cwd=work, env={"PATH": os.environ["PATH"]}
+    )
+    assert bare.returncode == 9
