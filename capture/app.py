@@ -4,11 +4,13 @@ Admin routes (all need `Authorization: Bearer <admin_key>`; served on the public
 when the proxy binds loopback or is told to (`admin_on_public`), otherwise only on the admin
 listener on 127.0.0.1; both checked by capture.guard before the route runs):
 
-    POST   /admin/sessions                 {"sampling"?, "metadata"?, "session_id"?} -> 201
-                                           {session_id, secret, base_urls, sampling}
+    POST   /admin/sessions                 {"sampling"?, "metadata"?, "session_id"?,
+                                           "step_limit"?, "caps"? (capture.caps)} -> 201
+                                           {session_id, secret, base_urls, sampling, caps}
     GET    /admin/sessions                 ids and call counts
     GET    /admin/sessions/{id}/trace      TrainingTrace JSON (streamed), or 409 + reasons
     GET    /admin/sessions/{id}/stats      graph shape, retained/aux/failed counts, tokens, memory,
+                                           caps {calls, tokens, *_used, refused, refused_by},
                                            failed_calls {total, infra, by_kind} (failure kinds:
                                            capture.sessions.failure_kind), dropped_fields
                                            {field: calls} (capture.allowlist)
@@ -100,6 +102,7 @@ async def create_session(request: Request) -> Response:
             metadata=body.get("metadata"),
             session_id=body.get("session_id"),
             step_limit=body.get("step_limit"),
+            caps=body.get("caps"),
         )
     except CaptureError as exc:
         return error_response(exc)
@@ -111,6 +114,7 @@ async def create_session(request: Request) -> Response:
             "sampling": session.policy.as_dict(),
             "metadata": session.metadata,
             "step_limit": session.step_limit,
+            "caps": session.caps.limits(),
         },
         status_code=201,
     )
@@ -157,6 +161,8 @@ async def session_stats(request: Request) -> Response:
             # the limit (never recorded, never sent on)
             "steps": {"limit": session.step_limit, "taken": session.n_steps,
                       "refused": session.refused_steps},
+            # every call of the rollout (capture.caps): limits, used, refused past them
+            "caps": session.caps.stats(session.n_calls),
             "in_flight": session.in_flight,
             "graph": graph.stats(),
             **plan.stats(),
@@ -298,7 +304,11 @@ class CaptureApp(Starlette):
             gate = await Gate.open(state, scope, receive, send)
             if gate is None:  # refused from the head, answered
                 return
-            receive, send = gate.receive, gate.send
-            if await agent_call_asgi(state, scope, receive, send):
-                return
+            try:
+                if await agent_call_asgi(state, scope, gate.receive, gate.send):
+                    return
+                await super().__call__(scope, gate.receive, gate.send)
+            finally:
+                gate.close()
+            return
         await super().__call__(scope, receive, send)

@@ -84,12 +84,14 @@ class ProxyLink:
 
     async def create_session(
         self, *, sampling: dict[str, Any] | None, metadata: dict[str, Any] | None,
-        step_limit: int | None = None,
+        step_limit: int | None = None, caps: dict[str, int | None] | None = None,
     ) -> ProxySession:
-        """`step_limit`: model calls that offer tools the proxy serves (None: no limit)."""
+        """`step_limit`: model calls that offer tools the proxy serves (None: no limit);
+        `caps`: the rollout's caps on every call (capture.caps; None: none)."""
         body = await self._request(
             "POST", "/admin/sessions",
-            json={"sampling": sampling or None, "metadata": metadata, "step_limit": step_limit},
+            json={"sampling": sampling or None, "metadata": metadata, "step_limit": step_limit,
+                  "caps": caps},
         )
         return ProxySession(body["session_id"], body["secret"], dict(body["base_urls"]))
 
@@ -106,9 +108,10 @@ class ProxyLink:
 
     async def model_calls(self, session_id: str) -> tuple[int, int]:
         """(engine calls the agent made in this session, failed ones included; calls refused
-        past its step limit)."""
+        past its step limit or its rollout caps, capture.caps)."""
         stats = await self.stats(session_id)
-        refused = (stats.get("steps") or {}).get("refused", 0)
+        refused = ((stats.get("steps") or {}).get("refused", 0)
+                   + (stats.get("caps") or {}).get("refused", 0))
         return int(stats.get("n_calls", stats.get("n_ok", 0))), int(refused)
 
     async def delete_session(self, session_id: str) -> None:

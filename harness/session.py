@@ -122,6 +122,8 @@ class SessionConfig:
     model: str = "tiny"
     sampling: dict[str, Any] = field(default_factory=dict)
     max_steps: int = 30
+    # capture.caps, kept by the proxy on every agent (None: default_caps of max_steps, max_tokens)
+    rollout_caps: dict[str, int | None] | None = None
     agent_timeout_s: float = 600.0
     verifier_timeout_s: float = 300.0
     reward_key: str | None = None
@@ -239,9 +241,13 @@ class HarborSession(ResourceSession):
             self.timings["sandbox_start"] = time.monotonic() - t0
 
             t1 = time.monotonic()
+            from capture.caps import default_caps  # (capture is the service's; imported late)
+
             info = await cfg.proxy.create_session(
                 sampling=cfg.sampling,
                 step_limit=cfg.max_steps if cfg.agent_cls.PROXY_STEP_LIMIT else None,
+                caps=cfg.rollout_caps if cfg.rollout_caps is not None else default_caps(
+                    cfg.max_steps, cfg.sampling.get("max_tokens")),
                 metadata={
                     "task_id": self.task_id,
                     "seed": self.seed,
