@@ -17,6 +17,8 @@ listener on 127.0.0.1; both checked by capture.guard before the route runs):
     DELETE /admin/sessions/{id}            forget it (and its on-disk log)
     POST   /admin/weight_version           {"version": int}: the engine's weights changed
     GET    /admin/weight_version
+    GET    /admin/agent_url                {"url"}: the agent listener, for a local sandbox's
+                                           forward (never the admin listener)
     GET    /health                         no key; liveness only, reveals no session
 
 Agent routes live in `agent_routes`. Starlette (not FastAPI): the proxy has a dozen routes and no
@@ -118,6 +120,14 @@ async def create_session(request: Request) -> Response:
         },
         status_code=201,
     )
+
+
+async def agent_url(request: Request) -> Response:
+    """Where agents reach this proxy from this host: the agent listener, never the admin one (a
+    sandbox forwarded to the admin listener could try the admin routes). Not the public URL:
+    that one is for remote sandboxes, this one is what a local sandbox is forwarded to."""
+    state: CaptureState = request.app.state.capture
+    return JSONResponse({"url": (state.agent_url or str(request.base_url)).rstrip("/")})
 
 
 async def list_sessions(request: Request) -> Response:
@@ -253,6 +263,7 @@ def create_app(
         Route("/admin/sessions/{session_id}/stats", session_stats, methods=["GET"]),
         Route("/admin/sessions/{session_id}", delete_session, methods=["DELETE"]),
         Route("/admin/weight_version", weight_version, methods=["GET", "POST"]),
+        Route("/admin/agent_url", agent_url, methods=["GET"]),
         Route(f"{s}/v1/chat/completions", agent_endpoint("chat"), methods=["POST"]),
         Route(f"{s}/v1/responses", agent_endpoint("responses"), methods=["POST"]),
         Route(f"{s}/v1/messages", agent_endpoint("messages"), methods=["POST"]),

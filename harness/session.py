@@ -500,7 +500,7 @@ class HarborSession(ResourceSession):
             trial_dir=trial_dir,
             name=f"{self._slug}-control-{uuid.uuid4().hex[:8]}",
             ro_binds={},
-            proxy_url=self.config.proxy.url,
+            proxy_url=await self.config.proxy.agent_url(),  # never the admin listener
         )
         env = None
         try:
@@ -570,7 +570,7 @@ class HarborSession(ResourceSession):
             trial_dir=self._trial_dir,
             name=f"{self._slug}-{(self.episode_id or uuid.uuid4().hex)[:8]}",
             ro_binds={str(p): str(p) for p in agent.host_paths()},
-            proxy_url=self.config.proxy.url,
+            proxy_url=await self.config.proxy.agent_url(),  # never the admin listener
         )
         try:
             self._env = self.config.sandbox.make(request)
