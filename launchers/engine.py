@@ -175,11 +175,7 @@ class Engine:
         """`api_key`: the key the engine wants on its /v1 routes (default: $HARNESS_ENGINE_API_KEY;
         none: no key). `host` must be loopback: the dev-mode routes take no key (module doc)."""
         if not _is_loopback(host):
-            raise EngineError(
-                f"the engine cannot bind {host!r}: it runs with VLLM_SERVER_DEV_MODE=1 (weight "
-                "sync's /pause, /update_weights, /collective_rpc ...), and vLLM 0.32 does not guard "
-                "those routes with --api-key, so anyone reaching the port could replace the "
-                "weights. Bind 127.0.0.1 and reach it through the capture proxy, or an SSH tunnel.")
+            raise EngineError(_public_host_refusal(host))
         self.api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         self.model_path = Path(model_path)
         self.host = host
@@ -351,6 +347,13 @@ def _is_loopback(host: str) -> bool:
         return False  # a name: it may reach beyond this host
 
 
+def _public_host_refusal(host: str) -> str:
+    return (f"the engine cannot bind {host!r}: it runs with VLLM_SERVER_DEV_MODE=1 (weight "
+            "sync's /pause, /update_weights, /collective_rpc ...), and vLLM 0.32 does not guard "
+            "those routes with --api-key, so anyone reaching the port could replace the "
+            "weights. Bind 127.0.0.1 and reach it through the capture proxy, or an SSH tunnel.")
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -372,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=32768)
     parser.add_argument("--log", help="log file (default: a temp file)")
     args, extra = parser.parse_known_args(argv)
+    if not _is_loopback(args.host):  # before any model is fetched
+        parser.exit(2, f"error: {_public_host_refusal(args.host)}\n")
     try:
         model = resolve_model(args.model)  # a hub id is downloaded once, here, then served locally
     except ModelError as exc:
