@@ -143,7 +143,7 @@ def test_forty_calls_fired_from_inside_the_sandbox_stop_at_the_cap(tiny_model_pa
         factory = HarborSessionFactory(
             None, split=[BUNDLED_DIR / "hello-file"], harness="mini-swe-agent",
             llm_url=engine.url, model=engine.model, sampling={"temperature": 1.0},
-            max_tokens=256, max_steps=4, rollout_caps={"calls": 6, "tokens": None},
+            max_tokens=4096, max_steps=4, rollout_caps={"calls": 6, "tokens": None},
             agent_timeout_s=300, max_attempts=1)
         try:
             result = asyncio.run(factory.rollout(seed=0))
