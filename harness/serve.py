@@ -82,7 +82,7 @@ MAX_POLL_S = 30.0  # the longest a long poll holds a request open
 FACTORY_OPTIONS = frozenset({
     "split", "task_count", "harness", "sandbox", "model", "sampling", "max_tokens",
     "agent_timeout_s", "verifier_timeout_s", "max_steps", "reward_key", "max_attempts",
-    "backoff_s", "preinstalled",
+    "backoff_s", "preinstalled", "rollout_caps",
 })
 
 
