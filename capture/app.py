@@ -11,6 +11,8 @@ listener on 127.0.0.1; both checked by capture.guard before the route runs):
     GET    /admin/sessions/{id}/trace      TrainingTrace JSON (streamed), or 409 + reasons
     GET    /admin/sessions/{id}/stats      graph shape, retained/aux/failed counts, tokens, memory,
                                            caps {calls, tokens, *_used, refused, refused_by},
+                                           unplaced (calls outside the agent's own
+                                           conversation: capture.placement),
                                            failed_calls {total, infra, by_kind} (failure kinds:
                                            capture.sessions.failure_kind), dropped_fields
                                            {field: calls} (capture.allowlist)
