@@ -134,8 +134,8 @@ class RunSettings:
             seed=self.seed, output_dir=str(Path(self.output_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
             save_steps=1, shuffle_rewards=self.shuffle_rewards,
-            train_unplaced_calls=self.train_unplaced_calls,
             shuffle_dataset=self.shuffle_tasks,
+            train_unplaced_calls=self.train_unplaced_calls,
         )
 
 
