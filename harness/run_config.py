@@ -101,6 +101,7 @@ class RunSettings:
     seed: int = 0
     rollouts_per_task: int = 2  # eval only
     shuffle_rewards: bool = False  # the control: rewards permuted within each group
+    train_unplaced_calls: bool = False  # capture.placement: calls outside the agent's own chat
     shuffle_tasks: bool = True  # train tasks in a fresh order each epoch, seeded by --seed
     # Held-out tasks evaluated before and after training. "auto": family:heldout when --tasks is
     # family:train, else none; "none": no evaluation (resolved in __post_init__).
@@ -141,6 +142,7 @@ class RunSettings:
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
             save_steps=self.save_steps, shuffle_rewards=self.shuffle_rewards,
             shuffle_dataset=self.shuffle_tasks,
+            train_unplaced_calls=self.train_unplaced_calls,
         )
 
 
@@ -223,6 +225,9 @@ def _help(name: str) -> str:
         "rollouts_per_task": "(eval) rollouts per task",
         "shuffle_rewards": "control run: permute rewards within each group, so they no longer "
                            "follow actions (a loop that still learns has a bug)",
+        "train_unplaced_calls": "also train engine calls the capture could not place in the "
+                                "agent's own conversation (made with the agent's key by a "
+                                "command it ran; marked unplaced in the trace)",
         "shuffle_tasks": "train the tasks in a fresh order each epoch, seeded by --seed "
                          "(--no-shuffle-tasks: the split's order, neighbours in one step)",
         "eval_tasks": "tasks (same forms as --tasks) evaluated before and after training, with a "

@@ -135,6 +135,8 @@ class SessionConfig:
     model: str = "tiny"
     sampling: dict[str, Any] = field(default_factory=dict)
     max_steps: int = 30
+    # capture.caps, kept by the proxy on every agent (None: default_caps of max_steps, max_tokens)
+    rollout_caps: dict[str, int | None] | None = None
     agent_timeout_s: float = 600.0
     verifier_timeout_s: float = 300.0
     reward_key: str | None = None
@@ -255,9 +257,13 @@ class HarborSession(ResourceSession):
             self.timings["sandbox_start"] = time.monotonic() - t0
 
             t1 = time.monotonic()
+            from capture.caps import default_caps  # (capture is the service's; imported late)
+
             info = await cfg.proxy.create_session(
                 sampling=cfg.sampling,
                 step_limit=cfg.max_steps if cfg.agent_cls.PROXY_STEP_LIMIT else None,
+                caps=cfg.rollout_caps if cfg.rollout_caps is not None else default_caps(
+                    cfg.max_steps, cfg.sampling.get("max_tokens")),
                 metadata={
                     "task_id": self.task_id,
                     "seed": self.seed,
@@ -519,7 +525,7 @@ class HarborSession(ResourceSession):
             trial_dir=trial_dir,
             name=f"{self._slug}-control-{uuid.uuid4().hex[:8]}",
             ro_binds={},
-            proxy_url=self.config.proxy.url,
+            proxy_url=await self.config.proxy.agent_url(),  # never the admin listener
         )
         env = None
         try:
@@ -589,7 +595,7 @@ class HarborSession(ResourceSession):
             trial_dir=self._trial_dir,
             name=f"{self._slug}-{(self.episode_id or uuid.uuid4().hex)[:8]}",
             ro_binds={str(p): str(p) for p in agent.host_paths()},
-            proxy_url=self.config.proxy.url,
+            proxy_url=await self.config.proxy.agent_url(),  # never the admin listener
         )
         try:
             self._env = self.config.sandbox.make(request)

@@ -70,6 +70,9 @@ class AsyncGRPOConfig:
     # A turn a token limit cut (the capture marks it truncated): "train" it as sampled, "mask" its
     # completion, or "drop" the rollout's rows (its reward stays in the baseline). trainer/rows.py
     truncated_turns: Literal["train", "mask", "drop"] = "train"
+    # A turn the capture could not place in the agent's own conversation (capture.placement: a
+    # call the policy made itself with the session key) makes no rows unless this is True.
+    train_unplaced_calls: bool = False
     # --- packing ------------------------------------------------------------------------------
     max_tokens_per_microbatch: int = 8192  # padding-free token budget of one forward
     # --- distributed (torchrun) ---------------------------------------------------------------

@@ -279,7 +279,8 @@ class HarnessAsyncGRPOTrainer:
                              scale_rewards=self.args.scale_rewards,
                              dispatch_version=f.dispatch_version,
                              shuffle_seed=self.args.seed if self.args.shuffle_rewards else None,
-                             truncated=self.args.truncated_turns)
+                             truncated=self.args.truncated_turns,
+                             train_unplaced=self.args.train_unplaced_calls)
 
     def _prepare_and_step(self, finished: list, names: list[str], save: bool) -> dict[str, float]:
         t0 = time.perf_counter()
