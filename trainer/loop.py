@@ -50,6 +50,7 @@ from trainer.forward import microbatch_logprobs
 from trainer.groups import PreparedGroup
 from trainer.loss import STAT_KEYS, policy_loss
 from trainer.packing import MicroBatch, pack_rows
+from trainer.prefix_tree import pack_tree
 from trainer.rows import Row
 from trainer.staleness import apply_staleness
 
@@ -106,12 +107,19 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
 
     # 3. Pack padding-free micro-batches; this rank takes every world_size-th one, and ranks
     #    are padded to the same count with zero-weight micro-batches (FSDP needs lock-step).
-    mbs, pack = pack_rows(inp.rows, masks, inp.advantages,
-                          budget=_pack_budget(trainer.model, inp.rows, args.max_tokens_per_microbatch),
-                          norm=args.loss_norm)
-    mine: list[MicroBatch] = mbs[dist_info.rank::dist_info.world_size]
-    per_rank = math.ceil(len(mbs) / dist_info.world_size)
-    mine += [MicroBatch.empty() for _ in range(per_rank - len(mine))]
+    if args.prefix_sharing:  # prefix sharing (issue 30): a group's rows stay on one rank
+        per_rank_mbs, pack = pack_tree(inp.rows, masks, inp.advantages,
+                                       budget=args.max_tokens_per_microbatch,
+                                       norm=args.loss_norm, world_size=dist_info.world_size)
+        mine: list[MicroBatch] = per_rank_mbs[dist_info.rank]
+    else:
+        mbs, pack = pack_rows(inp.rows, masks, inp.advantages,
+                              budget=_pack_budget(trainer.model, inp.rows,
+                                                  args.max_tokens_per_microbatch),
+                              norm=args.loss_norm)
+        mine = mbs[dist_info.rank::dist_info.world_size]
+        per_rank = math.ceil(len(mbs) / dist_info.world_size)
+        mine += [MicroBatch.empty() for _ in range(per_rank - len(mine))]
     metrics: dict[str, float] = {**stale.metrics(), **pack.metrics()}
     t_prepared = time.perf_counter()
 
