@@ -112,21 +112,24 @@ def _cached(layout: TreeLayout, device: torch.device) -> Any:
 
 def _tree_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                value: torch.Tensor, layout: TreeLayout, scaling: float | None) -> torch.Tensor:
-    gqa = query.shape[1] != key.shape[1]
+    # Grouped-query attention: repeat K/V per query head rather than sdpa's enable_gqa, which on
+    # CPU falls back to the math kernel (an NxN score matrix; ~10x slower at 2k tokens).
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
     pieces: list[tuple[int, torch.Tensor]] = []  # (packed start, [1, H, L, D])
     for b in _cached(layout, query.device):
         if b.mask is None:  # a root segment: plain causal attention over its own tokens
             a, e = b.q_ranges[0]
             out = F.scaled_dot_product_attention(query[:, :, a:e], key[:, :, a:e],
                                                  value[:, :, a:e], is_causal=True,
-                                                 scale=scaling, enable_gqa=gqa)
+                                                 scale=scaling)
             pieces.append((a, out))
             continue
         q = torch.cat([query[:, :, a:e] for a, e in b.q_ranges], dim=2)  # [1, H, Lq, D]
         k = key.index_select(2, b.key_index)  # [1, Hkv, Lk, D]
         v = value.index_select(2, b.key_index)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, scale=scaling,
-                                             enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, scale=scaling)
         sizes = [e - a for a, e in b.q_ranges]
         pieces.extend(zip([a for a, _ in b.q_ranges], out.split(sizes, dim=2), strict=True))
     # A batch's queries come from sibling segments with other subtrees between them: put every
