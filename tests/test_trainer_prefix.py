@@ -27,6 +27,7 @@ from trainer.loss import policy_loss
 from trainer.packing import MicroBatch, pack_rows
 from trainer.prefix_tree import TREE_SLACK, pack_tree
 from trainer.rows import Row, trace_to_rows
+from trainer.tree_attention import tree_backward
 
 VOCAB = 512
 
@@ -108,7 +109,7 @@ def _grads(model: torch.nn.Module, mbs: list[MicroBatch]) -> tuple[dict, torch.T
         logp, entropy = microbatch_logprobs(model, mb, 0.9)
         loss, _ = policy_loss(logp, mb.behaviour_logprobs, mb.advantages, mb.token_weight,
                               epsilon=0.2, epsilon_high=0.28, entropy=entropy)
-        loss.backward()
+        tree_backward(mb, loss)  # = loss.backward() but for a carried trunk (run_step's call)
         total += float(loss.detach())
         logps.append(logp.detach())
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -162,17 +163,21 @@ def test_gradients_equal_per_row_training_over_random_trees(seed):
 
 
 def test_gradients_equal_when_the_tree_is_split_and_attention_chunked(monkeypatch):
-    """A small budget splits the tree over micro-batches (shared prefixes forwarded again in
-    each); a tiny Q_CHUNK splits segments into query chunks and batches siblings together."""
+    """A small budget splits the tree over micro-batches: the trunk every row shares (the system
+    prompt) is forwarded once and its keys and values carried, with their gradient, to the
+    others; a tiny Q_CHUNK splits segments into query chunks and batches siblings together."""
     monkeypatch.setattr(tree_attention, "Q_CHUNK", 7)
     model = _tiny_model()
-    for seed in (10,):
+    for seed in (10, 3):
         rows, adv = _random_step(seed)
         ref = _grads(model, _per_row_mbs(rows, adv))
         (mbs,), stats = pack_tree(rows, [r.loss_mask for r in rows], adv, budget=60)
-        assert stats.microbatches > 1
+        assert [mb.tree.role for mb in mbs] == ["out"] + ["in"] * (len(mbs) - 1)
+        assert len(mbs) > 2
+        assert stats.tokens_forwarded <= 1.05 * stats.unique_tokens
         longest = max(len(r) for r in rows)
-        assert all(mb.n_tokens <= TREE_SLACK * max(60, longest) for mb in mbs)
+        assert all(mb.n_tokens + mbs[0].n_tokens <= TREE_SLACK * max(60, longest)
+                   for mb in mbs[1:])  # the held trunk counts against every later pack
         _assert_same(ref, _grads(model, mbs))
 
 
@@ -243,6 +248,29 @@ def test_a_trainer_step_is_the_same_with_and_without_sharing(tmp_path):
     assert shared["tokens/forwarded"] < dense["tokens/forwarded"] == shared["packing/row_tokens"]
     assert shared["tokens/trained"] == dense["tokens/trained"]
     for key in ("loss", "grad_norm", "policy/ratio_mean", "policy/entropy", "policy/clip_frac"):
+        assert shared[key] == pytest.approx(dense[key], rel=1e-5, abs=1e-7), key
+
+
+def test_a_carried_trunk_trains_the_same_through_the_trainer_with_a_reference_model(tmp_path):
+    """Small budget (the trunk is carried) and beta > 0 (the reference model runs the same
+    packs under no_grad: its keys must never mix with the policy's)."""
+    rows, adv = _random_step(3)
+    metrics = {}
+    source = ReplaySource(lambda s, k: None, lambda s, k: None)
+    for sharing in (False, True):
+        args = AsyncGRPOConfig(num_generations=2, max_steps=1, learning_rate=1e-2, beta=0.1,
+                               output_dir=str(tmp_path / str(sharing)), report_to="none",
+                               prefix_sharing=sharing, max_grad_norm=None,
+                               max_tokens_per_microbatch=60)
+        trainer = HarnessAsyncGRPOTrainer(_tiny_model(), lambda sampling: source, args)
+        with torch.no_grad():  # a reference that differs from the policy, so a mix-up shows
+            for p in trainer.ref_model.parameters():
+                p.mul_(0.9)
+        metrics[sharing] = run_step(trainer, StepInput(rows=rows, advantages=adv))
+    dense, shared = metrics[False], metrics[True]
+    assert shared["packing/microbatches"] > 2
+    assert shared["packing/forwarded_per_unique"] <= 1.05
+    for key in ("loss", "grad_norm", "policy/kl_ref_k3", "policy/entropy"):
         assert shared[key] == pytest.approx(dense[key], rel=1e-5, abs=1e-7), key
 
 

@@ -53,6 +53,7 @@ from trainer.packing import MicroBatch, pack_rows
 from trainer.prefix_tree import pack_tree
 from trainer.rows import Row
 from trainer.staleness import apply_staleness
+from trainer.tree_attention import tree_backward
 
 __all__ = ["StepInput", "push_weights", "run_step"]
 
@@ -151,7 +152,9 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
             )
             # FSDP averages gradients over ranks, but token_weight already normalises over the
             # whole step (all ranks), so each rank's share must be summed: undo the average.
-            (loss * dist_info.world_size if dist_info.distributed else loss).backward()
+            # tree_backward: .backward(), except that a carried prefix trunk runs backward once,
+            # after the last micro-batch that attends to it (prefix sharing, issue 30)
+            tree_backward(mb, loss * dist_info.world_size if dist_info.distributed else loss)
             t_compute += time.perf_counter() - t0
             loss_total += float(loss.detach())
             for k, v in stats.items():

@@ -37,15 +37,17 @@ rows in two micro-batches is forwarded in each (counted in `packing/forwarded_pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import compress
+from typing import Any
 
 import torch
 
 from trainer.packing import MicroBatch, PackStats
 from trainer.rows import Row
 
-__all__ = ["TREE_SLACK", "TreeLayout", "TreePackStats", "pack_tree"]
+__all__ = ["TREE_SLACK", "TreeLayout", "TreePackStats", "TrunkCarry", "pack_tree"]
 
 # A micro-batch may forward up to TREE_SLACK x max(budget, its longest row): 32 rows of a 21k
 # prompt plus ~100 tokens each need 1.15x the longest row, and one forward of them is far
@@ -60,11 +62,16 @@ class TreeLayout:
     seg_start, seg_end  [S]  packed token range of each segment, in depth-first order
     seg_parent          [S]  index of the parent segment, -1 for a root
     Segment s's tokens see every token of its ancestor segments and, causally, its own.
+    A parent of -2 is the carried trunk (TrunkCarry): key positions 0..ext_len come from it and
+    this pack's own keys follow, so `key_index` counts from the trunk's first token.
     """
 
     seg_start: list[int]
     seg_end: list[int]
     seg_parent: list[int]
+    carry: TrunkCarry | None = None  # the trunk this micro-batch writes ("out") or reads ("in")
+    role: str | None = None
+    ext_len: int = 0  # "in": the carried trunk's tokens, keys 0..ext_len before this pack's own
     _keys: list[torch.Tensor] | None = field(default=None, repr=False)
 
     @property
@@ -75,19 +82,21 @@ class TreeLayout:
         """Ancestor segments of s, root first."""
         out = []
         p = self.seg_parent[s]
-        while p >= 0:
+        while p >= 0:  # -1: a root; -2: the carried trunk
             out.append(p)
             p = self.seg_parent[p]
         return out[::-1]
 
     def key_index(self, s: int) -> torch.Tensor:
-        """[P + L] packed positions segment s attends to: its ancestors' tokens, then its own."""
+        """[P + L] key positions segment s attends to: its ancestors' tokens, then its own
+        (counted after the carried trunk's ext_len keys, which come first when it hangs off it)."""
         if self._keys is None:
             self._keys = []
+            e = self.ext_len
             for t in range(self.n_segments):
-                parts = [torch.arange(self.seg_start[a], self.seg_end[a])
-                         for a in self.ancestors(t)]
-                parts.append(torch.arange(self.seg_start[t], self.seg_end[t]))
+                chain = [*self.ancestors(t), t]
+                parts = [torch.arange(e)] if self.seg_parent[chain[0]] == -2 else []
+                parts += [torch.arange(self.seg_start[a] + e, self.seg_end[a] + e) for a in chain]
                 self._keys.append(torch.cat(parts))
         return self._keys[s]
 
@@ -101,6 +110,35 @@ class TreeLayout:
                 mask[a:b, self.seg_start[anc]:self.seg_end[anc]] = True
             mask[a:b, a:b] = torch.ones(b - a, b - a, dtype=torch.bool).tril()
         return mask
+
+
+class TrunkCarry:
+    """A trunk forwarded once for several micro-batches of one rank (prefix_tree docstring).
+
+    The trunk's micro-batch ("out") stores each attention layer's keys and values (with their
+    graph); the later ones ("in") attend to detached copies that collect gradients, and after
+    the last of them the trunk's graph is run backward once with those gradients plus the
+    trunk's own loss (trainer/tree_attention.py `tree_backward`). Entries are keyed by the
+    attention module, so a reference model's forward never mixes with the policy's."""
+
+    def __init__(self, length: int, users: int):
+        self.length = length  # trunk tokens
+        self.users = users  # "in" micro-batches still to run backward
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.leaves: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pending: torch.Tensor | None = None  # the trunk micro-batch's loss
+
+    def leaf(self, key: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if key not in self.leaves:
+            k, v = self.kv[key]
+            self.leaves[key] = (k.detach().requires_grad_(k.requires_grad),
+                                v.detach().requires_grad_(v.requires_grad))
+        return self.leaves[key]
+
+    def release(self) -> None:
+        self.kv.clear()
+        self.leaves.clear()
+        self.pending = None
 
 
 class _Node:
@@ -178,43 +216,59 @@ class TreePackStats(PackStats):
         return out
 
 
-def _microbatch(items: list[tuple], paths: list[list[_Node]], weights: list[float]) -> MicroBatch:
-    """Lay out the sub-forest spanned by `items` (row, mask, adv, n) depth-first."""
-    nodes = sorted({id(n): n for p in paths for n in p}.values(), key=lambda n: n.order)
+def _microbatch(items: list[tuple], paths: list[list[_Node]], weights: list[float], *,
+                trunk: set[int] = frozenset(), role: str | None = None,
+                carry: TrunkCarry | None = None) -> MicroBatch:
+    """Lay out the sub-forest spanned by `items` (row, mask, adv, n) depth-first.
+
+    role None: every node of the paths; "out": only the `trunk` nodes (their keys and values
+    are carried to later micro-batches); "in": every node but the trunk's, attending to the
+    carried trunk. A target lands in the micro-batch that holds its predecessor."""
+    keep = (lambda n: id(n) in trunk) if role == "out" else (lambda n: id(n) not in trunk)
+    depth: dict[int, int] = {}
+    parent: dict[int, int | None] = {}
+    kept: dict[int, _Node] = {}
+    for path in paths:
+        d, prev = 0, None
+        for node in path:
+            if keep(node) and id(node) not in kept:
+                kept[id(node)] = node
+                depth[id(node)] = d
+                parent[id(node)] = id(prev) if prev is not None else None
+            d += len(node.tokens)
+            prev = node
     # Depth-first order over the whole tree restricted to these nodes is still depth-first:
     # a parent's order is below its children's, and a subtree's orders are contiguous.
-    parent_of: dict[int, int] = {}
-    for p in paths:
-        for a, b in zip(p, p[1:], strict=False):
-            parent_of[id(b)] = id(a)
+    nodes = sorted(kept.values(), key=lambda n: n.order)
     seg_of = {id(n): s for s, n in enumerate(nodes)}
     ids: list[int] = []
     pos: list[int] = []
     start: dict[int, int] = {}
-    depth: dict[int, int] = {}
     seg_start, seg_end, seg_parent = [], [], []
     for n in nodes:
-        par = parent_of.get(id(n))
-        d = depth[par] + len(nodes[seg_of[par]].tokens) if par is not None else 0
-        depth[id(n)] = d
+        par = parent[id(n)]
         start[id(n)] = len(ids)
         seg_start.append(len(ids))
         ids.extend(n.tokens)
-        pos.extend(range(d, d + len(n.tokens)))
+        pos.extend(range(depth[id(n)], depth[id(n)] + len(n.tokens)))
         seg_end.append(len(ids))
-        seg_parent.append(seg_of[par] if par is not None else -1)
+        # -2: the parent is the carried trunk (every one of its tokens is an ancestor)
+        seg_parent.append(-1 if par is None else seg_of.get(par, -2))
     index: list[int] = []
     targets: list[int] = []
     blp: list[float] = []
     adv_t: list[float] = []
     weight: list[float] = []
-    for (row, mask, adv, n), path, w in zip(items, paths, weights, strict=True):
-        where = [start[id(node)] + j for node in path for j in range(len(node.tokens))]
-        index.extend([where[j - 1] for j in compress(range(len(mask)), mask)])
-        targets.extend(compress(row.input_ids, mask))
-        blp.extend(compress(row.behaviour_logprobs, mask))
-        adv_t.extend([adv] * n)
-        weight.extend([w] * n)
+    for (row, mask, adv, _), path, w in zip(items, paths, weights, strict=True):
+        where = [start[id(node)] + j if id(node) in start else -1
+                 for node in path for j in range(len(node.tokens))]
+        # j >= 1 always: position 0 of a row is prompt context (validated in rows.py).
+        here = [j for j in compress(range(len(mask)), mask) if where[j - 1] >= 0]
+        index.extend(where[j - 1] for j in here)
+        targets.extend(row.input_ids[j] for j in here)
+        blp.extend(row.behaviour_logprobs[j] for j in here)
+        adv_t.extend([adv] * len(here))
+        weight.extend([w] * len(here))
     mb = MicroBatch(
         input_ids=torch.tensor(ids, dtype=torch.long).view(1, -1),  # [1, N]
         position_ids=torch.tensor(pos, dtype=torch.long).view(1, -1),  # [1, N]  depth
@@ -226,8 +280,69 @@ def _microbatch(items: list[tuple], paths: list[list[_Node]], weights: list[floa
         n_rows=len(items),
         n_tokens=len(ids),
     )
-    mb.tree = TreeLayout(seg_start, seg_end, seg_parent)
+    ext = carry.length if role == "in" and carry is not None else 0
+    mb.tree = TreeLayout(seg_start, seg_end, seg_parent, carry=carry, role=role, ext_len=ext)
     return mb
+
+
+def _plan(items: list[tuple], paths: list[list[_Node]], order: list[int], budget: int,
+          held0: set[int], room: int) -> list[list[int]]:
+    """Rows (in depth-first order) into micro-batches: each forwards at most
+    TREE_SLACK x max(budget, its longest row) - room tokens, not counting `held0` nodes."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    held = set(held0)
+    size = longest = 0
+    for i in order:
+        novel = sum(len(n.tokens) for n in paths[i] if id(n) not in held)
+        length = len(items[i][0])
+        cap = int(TREE_SLACK * max(budget, longest, length)) - room
+        if cur and size + novel > cap:
+            groups.append(cur)
+            cur, held, size, longest = [], set(held0), 0, 0
+            novel = sum(len(n.tokens) for n in paths[i] if id(n) not in held)
+        cur.append(i)
+        held.update(id(n) for n in paths[i])
+        size += novel
+        longest = max(longest, length)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def _rank_microbatches(items: list[tuple], paths: list[list[_Node]], budget: int,
+                       weight: Callable[[int], float]) -> list[MicroBatch]:
+    order = sorted(range(len(items)), key=lambda i: [n.order for n in paths[i]])
+    plain = _plan(items, paths, order, budget, set(), 0)
+
+    def make(group: list[int], **kw: Any) -> MicroBatch:
+        return _microbatch([items[j] for j in group], [paths[j] for j in group],
+                           [weight(items[j][3]) for j in group], **kw)
+
+    # The trunk: the nodes every row of this rank starts with. When the rows need several
+    # micro-batches, forward it once and carry its keys and values to all of them.
+    trunk_nodes: list[_Node] = []
+    for column in zip(*paths, strict=False):
+        if any(n is not column[0] for n in column):
+            break
+        trunk_nodes.append(column[0])
+    t_len = sum(len(n.tokens) for n in trunk_nodes)
+    if len(plain) > 1 and t_len > 0:
+        trunk = {id(n) for n in trunk_nodes}
+        carried = _plan(items, paths, order, budget, trunk, t_len)
+        plain_tokens = sum(_count_nodes([paths[j] for j in g]) for g in plain)
+        carried_tokens = t_len + sum(_count_nodes([paths[j] for j in g], trunk) for g in carried)
+        if carried_tokens < plain_tokens:
+            carry = TrunkCarry(length=t_len, users=len(carried))
+            out = [make(list(range(len(items))), trunk=trunk, role="out", carry=carry)]
+            out += [make(g, trunk=trunk, role="in", carry=carry) for g in carried]
+            return out
+    return [make(g) for g in plain]
+
+
+def _count_nodes(paths: list[list[_Node]], skip: set[int] = frozenset()) -> int:
+    seen = {id(n): len(n.tokens) for p in paths for n in p if id(n) not in skip}
+    return sum(seen.values())
 
 
 def pack_tree(
@@ -275,29 +390,8 @@ def pack_tree(
         _number(root)
         stats.unique_tokens += _count(root)
         paths = [_walk(root, it[0].input_ids) for it in items]
-        order = sorted(range(len(items)), key=lambda i: [n.order for n in paths[i]])
-        mbs: list[MicroBatch] = []
-        cur: list[int] = []
-        held: set[int] = set()
-        size = longest = 0
-        for i in order:
-            novel = sum(len(n.tokens) for n in paths[i] if id(n) not in held)
-            length = len(items[i][0])
-            cap = int(TREE_SLACK * max(budget, longest, length))
-            if cur and size + novel > cap:
-                mbs.append(_microbatch([items[j] for j in cur], [paths[j] for j in cur],
-                                       [weight(items[j][3]) for j in cur]))
-                cur, held, size, longest = [], set(), 0, 0
-                novel = length
-            if length > budget:
-                stats.over_budget_rows += 1
-            cur.append(i)
-            held.update(id(n) for n in paths[i])
-            size += novel
-            longest = max(longest, length)
-        if cur:
-            mbs.append(_microbatch([items[j] for j in cur], [paths[j] for j in cur],
-                                   [weight(items[j][3]) for j in cur]))
+        mbs = _rank_microbatches(items, paths, budget, weight)
+        stats.over_budget_rows += sum(len(it[0]) > budget for it in items)
         for mb in mbs:
             stats.tokens_forwarded += mb.n_tokens
             stats.trainable_tokens += mb.n_targets

@@ -35,8 +35,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from trainer.prefix_tree import TreeLayout
 
-__all__ = ["Q_CHUNK", "TREE_ATTENTION", "TREE_KWARG", "tree_attention", "tree_forward_kwargs",
-           "use_tree_attention"]
+__all__ = ["Q_CHUNK", "TREE_ATTENTION", "TREE_KWARG", "tree_attention", "tree_backward",
+           "tree_forward_kwargs", "use_tree_attention"]
 
 TREE_ATTENTION = "harness_tree"
 TREE_KWARG = "harness_tree"  # the model-forward keyword that carries a TreeLayout to attention
@@ -57,14 +57,16 @@ def _plan(layout: TreeLayout) -> list[_Batch]:
     """The sdpa calls that cover every query of the layout once (see the module docstring)."""
     batches: list[_Batch] = []
     children: dict[int, list[int]] = {}
+    e = layout.ext_len
     for s, p in enumerate(layout.seg_parent):
-        if p < 0:
+        if p == -1:
             a, b = layout.seg_start[s], layout.seg_end[s]
-            batches.append(_Batch([(a, b)], torch.arange(a, b), None))
+            batches.append(_Batch([(a, b)], torch.arange(a + e, b + e), None))
         else:
             children.setdefault(p, []).append(s)
     for p, segs in children.items():
-        path = layout.key_index(p)  # [P] the parent's ancestors, then the parent
+        # [P] the parent's ancestors, then the parent; -2: the carried trunk
+        path = torch.arange(e) if p == -2 else layout.key_index(p)
         pieces: list[tuple[int, int, int]] = []  # (segment, q0, q1) offsets inside the segment
         for s in segs:
             n = layout.seg_end[s] - layout.seg_start[s]
@@ -89,7 +91,7 @@ def _batch(layout: TreeLayout, path: torch.Tensor, group: list[tuple[int, int, i
     row, col = 0, len(path)
     for s, q0, q1 in group:
         a = layout.seg_start[s]
-        keys.append(torch.arange(a, a + q1))
+        keys.append(torch.arange(a + layout.ext_len, a + layout.ext_len + q1))
         ranges.append((a + q0, a + q1))
         # query q0 + i of the segment sees its own keys 0..q0 + i (causal, bottom-right)
         own = torch.ones(q1 - q0, q1, dtype=torch.bool).tril(diagonal=q0)
@@ -115,14 +117,15 @@ def _tree_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     # Grouped-query attention: repeat K/V per query head rather than sdpa's enable_gqa, which on
     # CPU falls back to the math kernel (an NxN score matrix; ~10x slower at 2k tokens).
     groups = query.shape[1] // key.shape[1]
+    e = layout.ext_len
     if groups > 1:
         key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
     pieces: list[tuple[int, torch.Tensor]] = []  # (packed start, [1, H, L, D])
     for b in _cached(layout, query.device):
         if b.mask is None:  # a root segment: plain causal attention over its own tokens
-            a, e = b.q_ranges[0]
-            out = F.scaled_dot_product_attention(query[:, :, a:e], key[:, :, a:e],
-                                                 value[:, :, a:e], is_causal=True,
+            a, z = b.q_ranges[0]
+            out = F.scaled_dot_product_attention(query[:, :, a:z], key[:, :, a + e:z + e],
+                                                 value[:, :, a + e:z + e], is_causal=True,
                                                  scale=scaling)
             pieces.append((a, out))
             continue
@@ -137,6 +140,46 @@ def _tree_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
     pieces.sort(key=lambda p: p[0])
     out = torch.cat([t for _, t in pieces], dim=2)  # [1, H, N, D]
     return out.transpose(1, 2).contiguous()  # [1, N, H, D]  what HF's attention returns
+
+
+def _carry(module: torch.nn.Module, layout: TreeLayout, key: torch.Tensor,
+           value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trunk carry (prefix_tree.TrunkCarry): "out" keeps this layer's keys and values; "in"
+    puts the trunk's (detached, gradient-collecting copies) before this pack's own."""
+    if layout.carry is None:
+        return key, value
+    if layout.role == "out":
+        layout.carry.kv[id(module)] = (key, value)
+        return key, value
+    k, v = layout.carry.leaf(id(module))
+    return torch.cat([k.to(key.dtype), key], dim=2), torch.cat([v.to(value.dtype), value], dim=2)
+
+
+def tree_backward(mb: Any, loss: torch.Tensor) -> None:
+    """`loss.backward()` for a micro-batch, honouring a carried trunk: the trunk's micro-batch
+    waits, its users run backward into the carried copies, and after the last user the trunk's
+    graph runs once, with its own loss and the gradients its keys and values collected."""
+    layout = getattr(mb, "tree", None)
+    carry = layout.carry if layout is not None else None
+    if carry is None:
+        loss.backward()
+        return
+    if layout.role == "out":
+        carry.pending = loss
+        return
+    loss.backward()
+    carry.users -= 1
+    if carry.users > 0:
+        return
+    tensors, grads = [carry.pending], [torch.ones_like(carry.pending)]
+    for key, (k, v) in carry.kv.items():
+        lk, lv = carry.leaves.get(key, (None, None))
+        for t, leaf in ((k, lk), (v, lv)):
+            if leaf is not None and leaf.grad is not None and t.requires_grad:
+                tensors.append(t)
+                grads.append(leaf.grad)
+    carry.release()
+    torch.autograd.backward(tensors, grads)
 
 
 def _flash_varlen() -> Any:
@@ -183,6 +226,7 @@ def tree_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     if kwargs.get("sliding_window"):
         raise ValueError("tree attention does not implement sliding-window layers; set "
                          "prefix_sharing=False for this model")
+    key, value = _carry(module, layout, key, value)
     fn = _flash_varlen() if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) \
         else None
     if fn is not None:
