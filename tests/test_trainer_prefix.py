@@ -277,3 +277,64 @@ def test_a_carried_trunk_trains_the_same_through_the_trainer_with_a_reference_mo
 def test_prefix_sharing_must_be_a_bool():
     problems = AsyncGRPOConfig(prefix_sharing="yes").validate()  # type: ignore[arg-type]
     assert any(p.startswith("prefix_sharing='yes'") for p in problems)
+
+
+TWO_RANKS = """
+import json, random, sys, torch.distributed as dist
+sys.path.insert(0, {repo!r})
+from tests.test_trainer_prefix import _tiny_model
+from trainer.config import AsyncGRPOConfig
+from trainer.fakes import ReplaySource, make_trace, make_turn
+from trainer.grpo import HarnessAsyncGRPOTrainer
+
+def trace(s, k):  # every rollout starts with one 40-token system prompt: the carried trunk
+    rng = random.Random(100 * s + k)
+    held = [random.Random(7).randrange(10, 500) for _ in range(40)]
+    held += [rng.randrange(10, 500) for _ in range(5)]
+    turns = []
+    for t in range(3):
+        comp = [rng.randrange(10, 500) for _ in range(6)]
+        turns.append(make_turn(held, comp, [-1.0] * 6, node_id=f"n{{t}}"))
+        held = held + comp + [rng.randrange(10, 500) for _ in range(4)]
+    return make_trace(*turns)
+
+args = AsyncGRPOConfig(num_generations=4, groups_per_step=2, max_steps=2, learning_rate=1e-2,
+                       max_tokens_per_microbatch=64, output_dir={out!r}, report_to="none",
+                       dist_timeout_s=120, prefix_sharing={sharing!r})
+source = ReplaySource(trace, lambda s, k: float(k % 2))
+history = HarnessAsyncGRPOTrainer(_tiny_model(), lambda sampling: source, args).train()
+if dist.get_rank() == 0:
+    print("HISTORY", json.dumps(history))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_with_a_carried_trunk_train_like_dense(tmp_path):
+    """FSDP2 on two gloo ranks: the trunk's backward runs after the other micro-batches'
+    backward passes, and two steps (the second after an update) match dense packing."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    histories = {}
+    for sharing in (False, True):
+        script = tmp_path / f"two_ranks_{sharing}.py"
+        script.write_text(TWO_RANKS.format(repo=repo, out=str(tmp_path / f"out{sharing}"),
+                                           sharing=sharing))
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "2", str(script)], capture_output=True, text=True, timeout=600,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": repo})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("HISTORY "))
+        histories[sharing] = json.loads(line[len("HISTORY "):])
+    for dense, shared in zip(histories[False], histories[True], strict=True):
+        assert shared["packing/carried_tokens"] > 0  # a trunk was carried on some rank
+        assert shared["packing/forwarded_per_unique"] <= 1.05
+        assert shared["tokens/forwarded"] < dense["tokens/forwarded"]
+        for key in ("loss", "grad_norm"):
+            assert shared[key] == pytest.approx(dense[key], rel=1e-5, abs=1e-7), key

@@ -31,8 +31,14 @@ step shares would still be forwarded once per group, and its attention mask is a
 block mask, which on CPU needs torch.compile. Hence this small tree of our own; the placement
 idea (a row costs only its novel tokens; a group stays whole) is the same.
 
-What it does not do: carry a prefix's keys and values across micro-batches. A prefix shared by
-rows in two micro-batches is forwarded in each (counted in `packing/forwarded_per_unique`).
+4. When a rank's rows need several micro-batches, the *trunk* they all start with (the nodes
+   common to every row: a system prompt, a task prompt) is forwarded once as a micro-batch of
+   its own; its per-layer keys and values are carried (`TrunkCarry`) to the other micro-batches,
+   which attend to detached copies that collect gradients, and after the last of them the
+   trunk's graph runs backward once (trainer/tree_attention.py `tree_backward`). The trunk's
+   activations stay alive meanwhile, so each later micro-batch's cap is reduced by its size.
+   Only that one trunk is carried: a prefix shared by some rows (not all) that land in two
+   micro-batches is forwarded in each (`packing/forwarded_per_unique` counts it).
 """
 
 from __future__ import annotations
@@ -206,6 +212,7 @@ class TreePackStats(PackStats):
 
     row_tokens: int = 0
     unique_tokens: int = 0
+    carried_tokens: int = 0  # trunk tokens forwarded once and carried to later micro-batches
 
     def metrics(self) -> dict[str, float]:
         out = super().metrics()
@@ -213,6 +220,7 @@ class TreePackStats(PackStats):
         out["packing/unique_tokens"] = float(self.unique_tokens)
         out["packing/forwarded_per_unique"] = self.tokens_forwarded / max(self.unique_tokens, 1)
         out["packing/sharing"] = self.row_tokens / max(self.tokens_forwarded, 1)
+        out["packing/carried_tokens"] = float(self.carried_tokens)
         return out
 
 
@@ -392,6 +400,8 @@ def pack_tree(
         paths = [_walk(root, it[0].input_ids) for it in items]
         mbs = _rank_microbatches(items, paths, budget, weight)
         stats.over_budget_rows += sum(len(it[0]) > budget for it in items)
+        if mbs and mbs[0].tree.role == "out":
+            stats.carried_tokens += mbs[0].n_tokens
         for mb in mbs:
             stats.tokens_forwarded += mb.n_tokens
             stats.trainable_tokens += mb.n_targets
