@@ -181,6 +181,21 @@ def test_gradients_equal_when_the_tree_is_split_and_attention_chunked(monkeypatc
         _assert_same(ref, _grads(model, mbs))
 
 
+def test_rows_that_are_all_trunk_train_in_the_trunks_pack():
+    """Rows equal to the carried trunk (every target predicted inside it) need no pack of their
+    own: no empty forward, and their gradient still equals per-row training."""
+    rng = random.Random(0)
+    trunk = _toks(rng, 30)
+    rows = [_row(list(trunk), rng, 0), _row(list(trunk), rng, 1)]
+    rows += [_row(trunk + _toks(rng, 20), rng, g) for g in range(4)]
+    adv = [rng.uniform(-1.0, 1.0) for _ in rows]
+    (mbs,), stats = pack_tree(rows, [r.loss_mask for r in rows], adv, budget=40)
+    assert [mb.tree.role for mb in mbs] == ["out"] + ["in"] * 4
+    assert all(mb.n_tokens == 20 for mb in mbs[1:]) and stats.carried_tokens == 30
+    model = _tiny_model()
+    _assert_same(_grads(model, _per_row_mbs(rows, adv)), _grads(model, mbs))
+
+
 def test_a_shared_prompt_is_forwarded_once():
     """The Claude Code shape in small: 16 rows, one 300-token prompt, 5 tokens each, rows over
     the budget: one forward of 380 tokens (within TREE_SLACK x the longest row) instead of 4,880.

@@ -338,6 +338,8 @@ def _rank_microbatches(items: list[tuple], paths: list[list[_Node]], budget: int
     if len(plain) > 1 and t_len > 0:
         trunk = {id(n) for n in trunk_nodes}
         carried = _plan(items, paths, order, budget, trunk, t_len)
+        # rows that are all trunk train entirely in the trunk's pack: no empty forward for them
+        carried = [g for g in carried if _count_nodes([paths[j] for j in g], trunk) > 0]
         plain_tokens = sum(_count_nodes([paths[j] for j in g]) for g in plain)
         carried_tokens = t_len + sum(_count_nodes([paths[j] for j in g], trunk) for g in carried)
         if carried_tokens < plain_tokens:
