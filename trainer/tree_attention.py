@@ -17,6 +17,10 @@ Two kernels, chosen per call:
   with an explicit boolean mask (full over the path, causal within each segment). The masks
   depend only on the layout, so they are built once per micro-batch and reused by every layer.
 
+A carried trunk (prefix_tree.TrunkCarry): the trunk's pack stores each layer's keys and values;
+a later pack puts the trunk's (detached copies that collect gradients) before its own, and
+`tree_backward` runs the trunk's graph once after the last of them.
+
 Registered under `TREE_ATTENTION`; without a tree (dense rows, `MicroBatch.empty()`) the function
 is transformers' own sdpa with sdpa's mask, so a model switched to it computes dense packs as
 before.
