@@ -199,7 +199,7 @@ def test_rows_that_are_all_trunk_train_in_the_trunks_pack():
 def test_a_shared_prompt_is_forwarded_once():
     """The Claude Code shape in small: 16 rows, one 300-token prompt, 5 tokens each, rows over
     the budget: one forward of 380 tokens (within TREE_SLACK x the longest row) instead of 4,880.
-    With 40 rows the tree outgrows the slack and the prompt is forwarded once per micro-batch."""
+    With 40 rows the tree outgrows one pack and the prompt is carried instead of repeated."""
     rng = random.Random(3)
     prompt = _toks(rng, 300)
     rows = [_row(prompt + [g] + _toks(rng, 4), rng, g // 8) for g in range(40)]  # distinct
@@ -211,9 +211,11 @@ def test_a_shared_prompt_is_forwarded_once():
     assert m["packing/forwarded_per_unique"] == 1.0
     assert m["packing/sharing"] == pytest.approx(4880 / 380)
     per_rank, stats = pack_tree(rows, masks, [1.0] * 40, budget=256)
-    assert stats.unique_tokens == 500 and stats.microbatches == 3
-    assert all(mb.n_tokens <= TREE_SLACK * 305 for mb in per_rank[0])
-    assert stats.tokens_forwarded == 3 * 300 + 40 * 5
+    # 40 rows outgrow one pack (cap 1.25 x 305): the prompt is the carried trunk, forwarded
+    # once, and the 200 row tokens go to packs of at most 381 - 300 tokens each
+    assert [mb.tree.role for mb in per_rank[0]] == ["out", "in", "in", "in"]
+    assert (stats.unique_tokens, stats.tokens_forwarded, stats.carried_tokens) == (500, 500, 300)
+    assert all(mb.n_tokens <= int(TREE_SLACK * 305) - 300 for mb in per_rank[0][1:])
 
 
 def test_a_groups_rows_stay_on_one_rank():
