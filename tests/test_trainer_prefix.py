@@ -291,6 +291,23 @@ def test_a_carried_trunk_trains_the_same_through_the_trainer_with_a_reference_mo
         assert shared[key] == pytest.approx(dense[key], rel=1e-5, abs=1e-7), key
 
 
+@pytest.mark.parametrize("norm", ["token", "sequence"])
+def test_loss_weights_are_those_of_dense_packing(norm):
+    """Same (target, advantage, weight) terms as pack_rows, for both normalisations (sequence:
+    per rollout, so a rollout's rewritten-history rows count once together)."""
+    rows, adv = _random_step(4)
+    masks = [r.loss_mask for r in rows]
+
+    def terms(mbs: list[MicroBatch]) -> list[tuple[int, float, float]]:
+        return sorted((t, round(a, 6), round(w, 9)) for mb in mbs for t, a, w in zip(
+            mb.target_ids.tolist(), mb.advantages.tolist(), mb.token_weight.tolist(), strict=True))
+
+    dense, _ = pack_rows(rows, masks, adv, budget=1, norm=norm)
+    for budget in (100_000, 60):
+        (tree,), _ = pack_tree(rows, masks, adv, budget=budget, norm=norm)
+        assert terms(tree) == terms(dense)
+
+
 def test_prefix_sharing_must_be_a_bool():
     problems = AsyncGRPOConfig(prefix_sharing="yes").validate()  # type: ignore[arg-type]
     assert any(p.startswith("prefix_sharing='yes'") for p in problems)

@@ -32,7 +32,8 @@ The loss terms are those of dense packing, row by row: a trained token is predic
 packed position of its predecessor, so one position may predict the next token of several rows
 (each with its own target, advantage and weight). Logprobs and gradients therefore equal
 per-row training up to float summation order (tests/test_trainer_prefix.py). The per-token
-weights (`norm`) follow `pack_rows`' rule; a change to one must be made in the other.
+weights (`norm`) follow `pack_rows`' rule (per rollout for "sequence"); a change to one must
+be made in the other.
 
 TRL 1.16 ships a prefix-trie packer (`trl.experimental.async_grpo.packing.TreeRow`) and its
 attention (`tree_attention`: gather each segment's root-to-segment path, flash-attn varlen with
@@ -321,13 +322,13 @@ def _plan(items: list[tuple], paths: list[list[_Node]], order: list[int], budget
 
 
 def _rank_microbatches(items: list[tuple], paths: list[list[_Node]], budget: int,
-                       weight: Callable[[int], float]) -> list[MicroBatch]:
+                       weight: Callable[[Row], float]) -> list[MicroBatch]:
     order = sorted(range(len(items)), key=lambda i: [n.order for n in paths[i]])
     plain = _plan(items, paths, order, budget, set(), 0)
 
     def make(group: list[int], **kw: Any) -> MicroBatch:
         return _microbatch([items[j] for j in group], [paths[j] for j in group],
-                           [weight(items[j][3]) for j in group], **kw)
+                           [weight(items[j][0]) for j in group], **kw)
 
     # The trunk: the nodes every row of this rank starts with. When the rows need several
     # micro-batches, forward it once and carry its keys and values to all of them.
@@ -368,7 +369,7 @@ def pack_tree(
 ) -> tuple[list[list[MicroBatch]], TreePackStats]:
     """Rows -> per rank, its tree micro-batches (ranks padded to the same count with
     `MicroBatch.empty()`), and the step's packing stats. Same loss weights as `pack_rows`."""
-    stats = TreePackStats()
+    stats = TreePackStats(budget=budget)
     live = []
     for row, mask, adv in zip(rows, masks, advantages, strict=True):
         n = sum(mask)
@@ -376,11 +377,19 @@ def pack_tree(
             stats.rows_context_only += 1
             continue
         live.append((row, mask, adv, n))
+    # The weights of pack_rows (trainer/packing.py): "token" = mean over the step's trainable
+    # tokens; "sequence" = mean over rollouts (a rollout split into rows still counts once).
     total_tokens = sum(it[3] for it in live)
-    total_rows = len(live)
+    rollout_tokens: dict[tuple[int, str], int] = {}
+    for row, _, _, n in live:
+        key = (row.group_index, row.rollout_id)
+        rollout_tokens[key] = rollout_tokens.get(key, 0) + n
+    total_rollouts = len(rollout_tokens)
 
-    def weight(n: int) -> float:
-        return 1.0 / total_tokens if norm == "token" else 1.0 / (n * total_rows)
+    def weight(row: Row) -> float:
+        if norm == "token":
+            return 1.0 / total_tokens
+        return 1.0 / (rollout_tokens[(row.group_index, row.rollout_id)] * total_rollouts)
 
     # Groups to ranks: largest first, each to the rank with the fewest unique tokens so far.
     groups: dict[int, list[tuple]] = {}
@@ -407,6 +416,7 @@ def pack_tree(
         if mbs and mbs[0].tree.role == "out":
             stats.carried_tokens += mbs[0].n_tokens
         for mb in mbs:
+            stats.fill_tokens += min(mb.n_tokens, budget)
             stats.tokens_forwarded += mb.n_tokens
             stats.trainable_tokens += mb.n_targets
         stats.rows_packed += len(items)
