@@ -78,7 +78,8 @@ def test_fsdp_gradient_sync_runs_on_the_last_micro_batch_only(tmp_path):
     model = _seeded_tiny_model()
     seen = []
     model.set_requires_gradient_sync = seen.append  # FSDP2's FSDPModule method, recorded
-    trainer = _trainer(model, tmp_path, max_tokens_per_microbatch=16)
+    # dense packing: these three rows are identical, so prefix sharing would forward them once
+    trainer = _trainer(model, tmp_path, max_tokens_per_microbatch=16, prefix_sharing=False)
     rows = [_row(20, 5, f"r{i}") for i in range(3)]  # each over the budget: 3 micro-batches
     metrics = run_step(trainer, StepInput(rows=rows, advantages=[1.0, -1.0, 0.5]))
     assert metrics["packing/microbatches"] == 3

@@ -75,6 +75,10 @@ class AsyncGRPOConfig:
     train_unplaced_calls: bool = False
     # --- packing ------------------------------------------------------------------------------
     max_tokens_per_microbatch: int = 8192  # padding-free token budget of one forward
+    # prefix sharing (issue 30): fold the step's rows into a prefix tree so each shared prefix
+    # (a prompt, a rollout's history before a rewrite) is forwarded once (trainer/prefix_tree.py);
+    # a micro-batch may then hold up to 1.25x max(budget, its longest row). False: dense packing.
+    prefix_sharing: bool = True
     # --- distributed (torchrun) ---------------------------------------------------------------
     # any collective of a step (also the gathers of a weight push, which pace the engine's
     # transfer); a hung rank ends the run after it. Checkpoint writes wait on the longer one.
@@ -191,6 +195,8 @@ class AsyncGRPOConfig:
                      "to push weights, and leave this None")
         if self.report_to not in REPORT_TO:
             p.append(f"report_to={self.report_to!r}: choose one of {REPORT_TO}")
+        if not isinstance(self.prefix_sharing, bool):  # prefix sharing (issue 30)
+            p.append(f"prefix_sharing={self.prefix_sharing!r}: must be True or False")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             p.append(f"dtype={self.dtype!r}: choose auto, float32 or bfloat16")
         if self.save_total_limit is not None and self.save_total_limit < 1:

@@ -11,6 +11,7 @@ import torch
 from trainer.loss import token_logprobs
 from trainer.packing import MicroBatch, pack_rows
 from trainer.rows import Row
+from trainer.tree_attention import tree_forward_kwargs
 
 __all__ = ["microbatch_logprobs", "row_logprobs"]
 
@@ -30,6 +31,7 @@ def microbatch_logprobs(
             position_ids=mb.position_ids,  # [1, N]  restarts per row -> block-causal attention
             use_cache=False,  # a cache would disable HF's packed-sequence detection
             logits_to_keep=mb.logit_index,  # [K]  only positions that predict a target
+            **tree_forward_kwargs(model, mb.tree),  # prefix sharing (issue 30): {} when dense
         )
     logits = out.logits[0]  # [K, V]  token_logprobs upcasts to fp32
     return token_logprobs(logits, mb.target_ids, temperature, with_entropy=with_entropy)

@@ -50,8 +50,10 @@ from trainer.forward import microbatch_logprobs
 from trainer.groups import PreparedGroup
 from trainer.loss import STAT_KEYS, policy_loss
 from trainer.packing import MicroBatch, pack_rows
+from trainer.prefix_tree import pack_tree
 from trainer.rows import Row
 from trainer.staleness import apply_staleness
+from trainer.tree_attention import tree_backward
 
 __all__ = ["StepInput", "push_weights", "run_step"]
 
@@ -114,12 +116,19 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
 
     # 3. Pack padding-free micro-batches; this rank takes every world_size-th one, and ranks
     #    are padded to the same count with zero-weight micro-batches (FSDP needs lock-step).
-    mbs, pack = pack_rows(inp.rows, masks, inp.advantages,
-                          budget=_pack_budget(trainer.model, inp.rows, args.max_tokens_per_microbatch),
-                          norm=args.loss_norm)
-    mine: list[MicroBatch] = mbs[dist_info.rank::dist_info.world_size]
-    per_rank = math.ceil(len(mbs) / dist_info.world_size)
-    mine += [MicroBatch.empty() for _ in range(per_rank - len(mine))]
+    if args.prefix_sharing:  # prefix sharing (issue 30): a group's rows stay on one rank
+        per_rank_mbs, pack = pack_tree(inp.rows, masks, inp.advantages,
+                                       budget=args.max_tokens_per_microbatch,
+                                       norm=args.loss_norm, world_size=dist_info.world_size)
+        mine: list[MicroBatch] = per_rank_mbs[dist_info.rank]
+    else:
+        mbs, pack = pack_rows(inp.rows, masks, inp.advantages,
+                              budget=_pack_budget(trainer.model, inp.rows,
+                                                  args.max_tokens_per_microbatch),
+                              norm=args.loss_norm)
+        mine = mbs[dist_info.rank::dist_info.world_size]
+        per_rank = math.ceil(len(mbs) / dist_info.world_size)
+        mine += [MicroBatch.empty() for _ in range(per_rank - len(mine))]
     metrics: dict[str, float] = {**stale.metrics(), **pack.metrics()}
     t_prepared = time.perf_counter()
 
@@ -161,7 +170,9 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
             )
             # FSDP averages gradients over ranks, but token_weight already normalises over the
             # whole step (all ranks), so each rank's share must be summed: undo the average.
-            (loss * dist_info.world_size if dist_info.distributed else loss).backward()
+            # tree_backward: .backward(), except that a carried prefix trunk runs backward once,
+            # after the last micro-batch that attends to it (prefix sharing, issue 30)
+            tree_backward(mb, loss * dist_info.world_size if dist_info.distributed else loss)
             acc[0] += loss.detach().double()
             acc[1:] += stats.to(acc.device)
         # The clock stops when the device has run the backward, not when the host queued it.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import compress
+from typing import Any
 
 import torch
 
@@ -44,6 +45,7 @@ class MicroBatch:
     advantages         [K]    float32  the rollout's group-relative advantage, per token
     token_weight       [K]    float32  loss normalisation weight (sums to 1 over the step)
     n_rows, n_tokens   int             rows and tokens in this micro-batch
+    tree               TreeLayout|None prefix-tree attention structure (trainer/prefix_tree.py)
     """
 
     input_ids: torch.Tensor
@@ -55,6 +57,9 @@ class MicroBatch:
     token_weight: torch.Tensor
     n_rows: int
     n_tokens: int
+    # prefix sharing (issue 30): a trainer/prefix_tree.TreeLayout when the pack is a prefix
+    # tree (position_ids are depths, attention follows the tree); None for dense rows.
+    tree: Any = None
 
     @property
     def n_targets(self) -> int:
