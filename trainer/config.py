@@ -70,6 +70,13 @@ class AsyncGRPOConfig:
     truncated_turns: Literal["train", "mask", "drop"] = "train"
     # --- packing ------------------------------------------------------------------------------
     max_tokens_per_microbatch: int = 8192  # padding-free token budget of one forward
+    # --- memory (issue 30) ----------------------------------------------------------------------
+    # Recompute each decoder layer in backward instead of keeping its activations ("auto": on
+    # for CUDA, off for CPU, where the small test models fit and recompute costs ~1/3 more time).
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    # Tokens whose [tokens x vocabulary] fp32 logits exist at once in the log-prob and entropy
+    # computation (trainer/loss.py chunked_token_logprobs); 0: the model's dense logits.
+    logits_chunk_tokens: int = 1024
     # --- distributed (torchrun) ---------------------------------------------------------------
     # any collective of a step (also the gathers of a weight push, which pace the engine's
     # transfer); a hung rank ends the run after it. Checkpoint writes wait on the longer one.
@@ -126,6 +133,10 @@ class AsyncGRPOConfig:
                      "(a group-relative baseline needs at least 2 rollouts of one task)")
         positive_int("max_tokens_per_microbatch", 16)
         positive_int("max_staleness", 0)
+        positive_int("logits_chunk_tokens", 0)
+        if self.gradient_checkpointing not in (True, False, "auto"):
+            p.append(f"gradient_checkpointing={self.gradient_checkpointing!r}: choose true, false "
+                     "or auto (on for CUDA, off for CPU)")
         positive_int("save_steps", 0)
         positive_int("warmup_steps", 0)
         if self.max_tokens is not None:
