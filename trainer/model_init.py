@@ -9,9 +9,10 @@ Under torchrun (more than one rank), from a directory of safetensors files:
 1. the model is built from its config on the meta device (no storage at all);
 2. FSDP2 shards it (`trainer.distributed.shard_model`: each decoder layer, then the root);
 3. `to_empty` gives each rank storage for its own shards only;
-4. each rank reads only its rows of every tensor from the files (`safe_open(...).get_slice`),
-   at the row offset of its FSDP2 shard (dim-0 chunks of ceil(rows / world) rows, as
-   `torch.chunk`), so host memory per rank is about its shard plus one slice;
+4. each rank reads only its rows of every tensor from the files, at the row offset of its
+   FSDP2 shard (dim-0 chunks of ceil(rows / world) rows, as `torch.chunk`), with plain reads at
+   offsets from the safetensors header rather than safetensors' mmap (whose touched pages count
+   in every rank's resident memory); host memory per rank is its shard plus one 16 MiB staging block;
 5. non-persistent buffers (rotary `inv_freq`), which `to_empty` left uninitialised and which
    are in no file, are recomputed by rebuilding their module from the config on the CPU.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -55,20 +57,85 @@ def shard_rows(rows: int, rank: int, world: int) -> tuple[int, int]:
     return start, min(start + per, rows)
 
 
-def _weight_files(path: Path) -> dict[str, Path]:
-    """tensor name -> safetensors file holding it."""
+# safetensors dtype names (the format's header) -> torch dtypes
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+@dataclass(frozen=True)
+class _Entry:
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset of the tensor's data in the file
+
+
+def _header(fpath: Path) -> dict[str, _Entry]:
+    """A safetensors file's tensors: 8-byte little-endian header size, JSON header, data."""
+    with open(fpath, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        if meta["dtype"] not in _DTYPES:
+            raise ValueError(f"{fpath.name}: {name} has dtype {meta['dtype']}, which the "
+                             "sharded load does not read")
+        out[name] = _Entry(fpath, _DTYPES[meta["dtype"]], tuple(meta["shape"]),
+                           8 + size + meta["data_offsets"][0])
+    return out
+
+
+def _weight_files(path: Path) -> dict[str, _Entry]:
+    """tensor name -> where it is, over model.safetensors or the shards of its index."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: path / fname for name, fname in weight_map.items()}
-    single = path / "model.safetensors"
-    if single.is_file():
-        from safetensors import safe_open
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json; "
+                                "the sharded load reads safetensors only (convert .bin files)")
+    entries: dict[str, _Entry] = {}
+    for fname in files:
+        entries.update(_header(path / fname))
+    return entries
 
-        with safe_open(str(single), framework="pt") as f:
-            return dict.fromkeys(f.keys(), single)
-    raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json; the "
-                            "sharded load reads safetensors only (convert .bin checkpoints)")
+
+_BLOCK_BYTES = 16 * 2**20  # staging per read: bounds what a rank holds beside its shards
+
+
+def _read_rows_into(entry: _Entry, start: int, end: int, out: torch.Tensor) -> int:
+    """Rows [start, end) of a row-major tensor into `out` ([end - start, ...]), in blocks of at
+    most _BLOCK_BYTES, with plain reads (no mmap: other ranks' rows never become this process's
+    resident pages). Straight into `out` when it is a contiguous CPU tensor of the file's dtype;
+    else through a staging block (cast and moved by copy_). Returns the bytes read."""
+    row_elems = 1
+    for d in entry.shape[1:]:
+        row_elems *= d
+    itemsize = torch.empty((), dtype=entry.dtype).element_size()
+    row_bytes = max(row_elems * itemsize, 1)
+    rows_per_block = max(1, _BLOCK_BYTES // row_bytes)
+    direct = out.device.type == "cpu" and out.dtype == entry.dtype and out.is_contiguous()
+    flat = out.view(end - start, row_elems) if direct else None
+    with open(entry.file, "rb", buffering=0) as f:
+        for r0 in range(start, end, rows_per_block):
+            r1 = min(r0 + rows_per_block, end)
+            if direct:
+                dest = flat[r0 - start:r1 - start].view(torch.uint8).view(-1)
+            else:
+                dest = torch.empty((r1 - r0) * row_bytes, dtype=torch.uint8)
+            f.seek(entry.offset + r0 * row_bytes)
+            got = f.readinto(memoryview(dest.numpy()))
+            if got != dest.numel():
+                raise ValueError(f"{entry.file.name}: short read ({got} of {dest.numel()} "
+                                 "bytes); the file is truncated")
+            if not direct:
+                block = dest.view(entry.dtype).view(r1 - r0, *entry.shape[1:])
+                out[r0 - start:r1 - start].copy_(block)  # casts and moves to out's device
+    return (end - start) * row_bytes
 
 
 def _recompute_buffers(model: torch.nn.Module) -> None:
@@ -99,45 +166,39 @@ def load_sharded_safetensors(model: torch.nn.Module, path: str | Path) -> dict[s
     """Fill a `to_empty` (FSDP2-sharded or plain) model from safetensors, each rank its rows.
 
     Returns {"bytes_read": ..., "tensors": ...} for this rank. Raises naming any parameter or
-    persistent buffer the files lack, or whose shape differs."""
-    from safetensors import safe_open
-
+    persistent buffer the files lack, or whose shape differs. Beside the shards, at most one
+    16 MiB staging block (file dtype, CPU) exists at a time."""
     path = Path(path)
     files = _weight_files(path)
     wanted: dict[str, torch.Tensor] = dict(model.named_parameters())  # tied: listed once
-    for name, buf in model.named_buffers():
-        if name in model.state_dict():
-            wanted[name] = buf
+    persistent = set(model.state_dict().keys())
+    wanted.update((n, b) for n, b in model.named_buffers() if n in persistent)
     missing = sorted(n for n in wanted if n not in files)
     if missing:
         raise KeyError(f"{path}: the safetensors files lack {missing[:5]} "
                        f"({len(missing)} in all); is this the model's own checkpoint?")
-    by_file: dict[Path, list[str]] = {}
-    for name in wanted:
-        by_file.setdefault(files[name], []).append(name)
     read = 0
-    for fpath, names in by_file.items():
-        with safe_open(str(fpath), framework="pt") as f:
-            for name in names:
-                target = wanted[name]
-                sl = f.get_slice(name)
-                shape = tuple(sl.get_shape())
-                if shape != tuple(target.shape):
-                    raise ValueError(f"{name}: file shape {shape} != model shape "
-                                     f"{tuple(target.shape)} ({fpath.name})")
-                local = target.to_local() if hasattr(target, "to_local") else target
-                if hasattr(target, "to_local") and local.shape != target.shape:
-                    mesh = target.device_mesh
-                    start, end = shard_rows(shape[0], mesh.get_local_rank(), mesh.size())
-                    part = sl[start:end] if end > start else None
-                else:
-                    part = sl[:] if shape else f.get_tensor(name)
-                if part is not None:
-                    if part.shape != local.shape:
-                        raise ValueError(f"{name}: read {tuple(part.shape)} for a local shard of "
-                                         f"{tuple(local.shape)}; unexpected FSDP placement")
-                    local.copy_(part.to(local.dtype))
-                    read += part.numel() * part.element_size()
+    for name, target in wanted.items():
+        entry = files[name]
+        if entry.shape != tuple(target.shape):
+            raise ValueError(f"{name}: file shape {entry.shape} != model shape "
+                             f"{tuple(target.shape)} ({entry.file.name})")
+        local = target.to_local() if hasattr(target, "to_local") else target
+        if hasattr(target, "to_local"):  # FSDP2: Shard(0) over a 1-D mesh
+            mesh = target.device_mesh
+            start, end = shard_rows(entry.shape[0], mesh.get_local_rank(), mesh.size())
+        else:
+            start, end = 0, entry.shape[0] if entry.shape else 0
+        if not entry.shape:  # a scalar: one row of one element
+            read += _read_rows_into(_Entry(entry.file, entry.dtype, (1,), entry.offset), 0, 1,
+                                    local.view(1))
+            continue
+        if end <= start:
+            continue  # this rank holds no rows of a tensor shorter than the world
+        if tuple(local.shape) != (end - start, *entry.shape[1:]):
+            raise ValueError(f"{name}: local shard {tuple(local.shape)} is not rows "
+                             f"[{start}, {end}) of {entry.shape}; unexpected FSDP placement")
+        read += _read_rows_into(entry, start, end, local)
     return {"bytes_read": read, "tensors": len(wanted)}
 
 
