@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -233,3 +234,27 @@ def test_the_table_covers_qwen3_4b_8b_32b_and_their_real_parameter_counts(capsys
         # states) against every token's logits at once
         dense = estimate(s, world=8, tokens=32768, checkpointing=True, logits_chunk=0)
         assert on["logits"] < 2.5 * 2**30 and dense["logits"] > 40 * 2**30
+
+
+# --- the reference model ---------------------------------------------------------------------------
+def test_the_reference_model_is_a_frozen_compute_dtype_copy_and_a_step_runs(tmp_path):
+    from tests.test_trainer_step import _trainer
+    from trainer.fakes import synthetic_trace
+    from trainer.loop import StepInput, run_step
+    from trainer.rows import trace_to_rows
+
+    model = _small_qwen3(layers=2, vocab=500)
+    initial = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    trainer = _trainer(model, tmp_path, beta=0.1, dtype="bfloat16")
+    ref = trainer.ref_model
+    assert ref is not trainer.model and not any(p.requires_grad for p in ref.parameters())
+    assert {p.dtype for p in ref.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert torch.equal(ref.model.layers[0].mlp.up_proj.weight, initial.to(torch.bfloat16))
+    rows = trace_to_rows(synthetic_trace(random.Random(0), vocab=500, prompt_len=12,
+                                         completion_len=6, tool_len=4))[0]
+    metrics = run_step(trainer, StepInput(rows=rows, advantages=[1.0] * len(rows)))
+    assert trainer.state.policy_version == 1 and metrics["policy/kl_ref_k3"] >= 0.0
+    # the reference did not move with the policy
+    assert torch.equal(ref.model.layers[0].mlp.up_proj.weight, initial.to(torch.bfloat16))
+    assert not torch.equal(trainer.model.model.layers[0].mlp.up_proj.weight, initial)

@@ -73,6 +73,9 @@ class AsyncGRPOConfig:
     # --- memory (issue 30) ----------------------------------------------------------------------
     # Recompute each decoder layer in backward instead of keeping its activations ("auto": on
     # for CUDA, off for CPU, where the small test models fit and recompute costs ~1/3 more time).
+    # A row longer than max_tokens_per_microbatch is still forwarded alone and whole (counted in
+    # packing/over_budget_rows): size the budget for the longest row with
+    # `python -m trainer.memory --tokens N` (GiB per GPU by term, checkpointing on and off).
     gradient_checkpointing: bool | Literal["auto"] = "auto"
     # Tokens whose [tokens x vocabulary] fp32 logits exist at once in the log-prob and entropy
     # computation (trainer/loss.py chunked_token_logprobs); 0: the model's dense logits.
