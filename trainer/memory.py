@@ -47,7 +47,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GPUS", "QWEN3", "ModelShape", "estimate", "layer_activation_bytes", "table"]
+__all__ = ["GPUS", "QWEN3", "ModelShape", "estimate", "fixed_activation_bytes", "layer_activation_bytes",
+           "table"]
 
 GiB = 2**30
 FP32 = 4
