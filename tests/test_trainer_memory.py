@@ -258,3 +258,19 @@ def test_the_reference_model_is_a_frozen_compute_dtype_copy_and_a_step_runs(tmp_
     # the reference did not move with the policy
     assert torch.equal(ref.model.layers[0].mlp.up_proj.weight, initial.to(torch.bfloat16))
     assert not torch.equal(trainer.model.model.layers[0].mlp.up_proj.weight, initial)
+
+
+def test_a_deep_copy_of_a_used_model_runs_its_own_weights_not_the_originals():
+    # The chunked forward is cached on the model; a deepcopy (how a module's reference model is
+    # made) must not keep calling the original's.
+    import copy
+
+    model = _small_qwen3(layers=1)
+    mb = _mb(16, 1000)
+    with torch.no_grad():
+        before, _ = microbatch_logprobs(model, mb, 1.0)
+        twin = copy.deepcopy(model)
+        for p in twin.parameters():
+            p.mul_(0.5)
+        assert torch.equal(microbatch_logprobs(model, mb, 1.0)[0], before)
+        assert not torch.allclose(microbatch_logprobs(twin, mb, 1.0)[0], before)

@@ -60,12 +60,15 @@ def _chunked_forward(model: torch.nn.Module, input_ids: torch.Tensor, position_i
 def _chunked_method(model: torch.nn.Module):  # noqa: ANN202
     """`model.harness_chunked_logprobs`, created once; under FSDP2 registered as a forward."""
     method = model.__dict__.get(_METHOD)
-    if method is None:
+    # A deepcopy of the model (the reference model) copies this attribute but not the function
+    # it holds, which would still run the ORIGINAL model: check whose it is.
+    if method is None or getattr(method, "harness_owner", None) is not model:
         from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
         def method(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             return _chunked_forward(model, *args, **kwargs)
 
+        method.harness_owner = model  # functools.wraps carries it onto FSDP2's wrapper
         object.__setattr__(model, _METHOD, method)
         if isinstance(model, FSDPModule):
             register_fsdp_forward_method(model, _METHOD)  # root gather/reduce around it
