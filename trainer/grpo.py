@@ -23,6 +23,11 @@ weights, and the engine receives them cast to the compute dtype, one parameter a
 Measured on CPU (tests/test_trainer_numerics.py): with fp32 master weights an lr 1e-6 step moves
 as many elements as the fp32 reference; pure-bf16 parameters move about 2% of them.
 
+Memory (issue 30; trainer/memory.py has the calculator): under torchrun a model directory is
+built on the meta device, sharded and read shard by shard (trainer/model_init.py), the reference
+model too; decoder layers are checkpointed (`gradient_checkpointing`, on by default on CUDA); and
+log-probs never build a [tokens x vocabulary] fp32 tensor (`logits_chunk_tokens`).
+
 What it refuses: a factory instance (it could not pin the sampling policy), a config with any
 problem (all listed at once, before the model loads), an empty train_dataset, and a malformed
 capture (CaptureError stops training; see trainer/rows.py).

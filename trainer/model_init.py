@@ -21,10 +21,12 @@ master copy), sharded, never copied on the GPU. Tied embeddings stay tied: the t
 meta model, FSDP2 shards the shared parameter once, and the file's `lm_head.weight` (absent
 when tied) is not needed. A single process keeps the plain `from_pretrained` load.
 
-Not covered: a model given as an `nn.Module` (it is already in memory on every rank; it is
-sharded as given, and its reference copy is made on the CPU before sharding), checkpoints other
-than safetensors (.bin), and tensor names that transformers renames while loading (Qwen3, Llama
-and most decoder-only models keep the file's names; a name missing from the files is an error).
+Not covered: a Hub id under torchrun (loaded whole on each rank as before: download it and pass
+the local directory), a model given as an `nn.Module` (already in memory on every rank; it is
+sharded as given, and its reference copy is made where it lies, on the CPU before it is placed),
+checkpoints other than safetensors (.bin), and tensor names that transformers renames while
+loading (Qwen3, Llama and most decoder-only models keep the file's names; a name missing from
+the files is an error).
 """
 
 from __future__ import annotations
