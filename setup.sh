@@ -66,13 +66,15 @@ find_python312() {
 link() { ln -sfn "$1" "$ROOT/$2"; }
 
 # --- 1. apt packages -----------------------------------------------------------------------------
-STEP="1/6 apt packages (bubblewrap for the sandboxes, chromium for the viewer's browser test)"
-if ! command -v bwrap >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+STEP="1/6 apt packages (bubblewrap for the sandboxes, chromium for the viewer's browser test, gcc + libc6-dev for the exec-only backends' static grading reset helper)"
+# libc.a is libc6-dev's: harness/sandboxes/grading.py builds its helper with `gcc -static`
+if ! command -v bwrap >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
+   || ! command -v gcc >/dev/null 2>&1 || ! gcc -print-file-name=libc.a | grep -q /; then
   say "$STEP"
   if [ "$(id -u)" -ne 0 ]; then
-    say "bubblewrap/chromium missing and this is not root: run 'sudo apt-get install -y bubblewrap chromium' and retry"; exit 1
+    say "bubblewrap/chromium/gcc/libc6-dev missing and this is not root: run 'sudo apt-get install -y bubblewrap chromium gcc libc6-dev' and retry"; exit 1
   fi
-  run_logged apt sh -c 'apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap chromium'
+  run_logged apt sh -c 'apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap chromium gcc libc6-dev'
 fi
 
 # --- 2. project venv -----------------------------------------------------------------------------

@@ -28,6 +28,7 @@ are the verifier's), and importing torch or harbor (it runs on its own, light, o
 
 from __future__ import annotations
 
+from .caps import RolloutCapReached, RolloutCaps
 from .client import AsyncCaptureClient, CaptureClient, SessionInfo
 from .errors import (
     BadRequest,
@@ -48,6 +49,8 @@ __all__ = [
     "CaptureError",
     "CaptureServer",
     "NothingTrainableError",
+    "RolloutCapReached",
+    "RolloutCaps",
     "SessionInfo",
     "StepLimitReached",
     "UnknownSession",

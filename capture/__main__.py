@@ -2,7 +2,8 @@
 
 Runs the capture proxy in the foreground until SIGINT/SIGTERM. The admin key is read from
 `--admin-key-file` when that file exists, otherwise generated and written there (mode 0600); with
-no file it is printed once on stdout, the only place it appears. Binds 127.0.0.1 by default; on
+no file it goes to `<data-dir>/admin.key`, or with no data dir to a new private (0700) temporary
+folder. The key is never printed: the proxy prints the file's path. Binds 127.0.0.1 by default; on
 any other address the admin routes are served only on 127.0.0.1:--admin-port (printed), unless
 --admin-on-public (capture.server, capture.guard).
 """
@@ -15,6 +16,7 @@ import os
 import secrets
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -23,21 +25,26 @@ from .guard import Limits
 from .server import CaptureServer
 
 
-def _admin_key(path: Path | None) -> tuple[str, bool]:
-    """(key, printed?) — read from the file, or generate (and write it there with mode 0600)."""
-    if path is not None and path.is_file():
+def _default_key_file(data_dir: Path | None) -> Path:
+    """Where a generated key goes when no file is named: only its owner can read it."""
+    if data_dir is not None:
+        return data_dir / "admin.key"
+    return Path(tempfile.mkdtemp(prefix="capture-")) / "admin.key"
+
+
+def _admin_key(path: Path) -> str:
+    """Read the key from the file, or generate one and write it there with mode 0600."""
+    if path.is_file():
         key = path.read_text().strip()
         if not key:
             raise SystemExit(f"admin key file {path} is empty; delete it to generate a new key")
-        return key, False
+        return key
     key = secrets.token_urlsafe(32)
-    if path is None:
-        return key, True
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(key + "\n")
-    return key, False
+    return key
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="persist sessions and call logs here; a restart recovers them")
     parser.add_argument("--admin-key-file", type=Path, default=None,
-                        help="read the admin key from this file, or write a new one there (0600)")
+                        help="read the admin key from this file, or write a new one there (0600); "
+                             "default <data-dir>/admin.key, or a new private temporary folder")
     parser.add_argument("--max-body-mb", type=int, default=32, help="largest agent request body")
     parser.add_argument("--upstream-timeout-s", type=float, default=600.0,
                         help="longest the engine may stay silent while a reply is owed, time the "
@@ -75,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
 
-    key, show = _admin_key(args.admin_key_file)
+    key_file = args.admin_key_file or _default_key_file(args.data_dir)
+    key = _admin_key(key_file)
     server = CaptureServer(
         args.engine_url,
         admin_key=key,
@@ -98,10 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"capture proxy on {server.url} -> {args.engine_url}", flush=True)
     if server.admin_url != server.url:
         print(f"admin routes on {server.admin_url}", flush=True)
-    if show:
-        print(f"admin key: {key}", flush=True)
-    elif args.admin_key_file is not None:
-        print(f"admin key in {args.admin_key_file}", flush=True)
+    print(f"admin key in {key_file}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

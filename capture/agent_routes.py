@@ -138,6 +138,7 @@ async def _agent_call(state: CaptureState, session: Session, headers: Headers, r
     early: EarlyCall | None = None
     try:
         raw = await _read_raw(headers, receive)
+        session.check_caps()  # every call of every agent, before any is sent (capture.caps)
         early = _send_early(state, session, dialect, raw)
         body = json_object(raw, session.reader.read)
         try:

@@ -4,17 +4,23 @@ Admin routes (all need `Authorization: Bearer <admin_key>`; served on the public
 when the proxy binds loopback or is told to (`admin_on_public`), otherwise only on the admin
 listener on 127.0.0.1; both checked by capture.guard before the route runs):
 
-    POST   /admin/sessions                 {"sampling"?, "metadata"?, "session_id"?} -> 201
-                                           {session_id, secret, base_urls, sampling}
+    POST   /admin/sessions                 {"sampling"?, "metadata"?, "session_id"?,
+                                           "step_limit"?, "caps"? (capture.caps)} -> 201
+                                           {session_id, secret, base_urls, sampling, caps}
     GET    /admin/sessions                 ids and call counts
     GET    /admin/sessions/{id}/trace      TrainingTrace JSON (streamed), or 409 + reasons
     GET    /admin/sessions/{id}/stats      graph shape, retained/aux/failed counts, tokens, memory,
+                                           caps {calls, tokens, *_used, refused, refused_by},
+                                           unplaced (calls outside the agent's own
+                                           conversation: capture.placement),
                                            failed_calls {total, infra, by_kind} (failure kinds:
                                            capture.sessions.failure_kind), dropped_fields
                                            {field: calls} (capture.allowlist)
     DELETE /admin/sessions/{id}            forget it (and its on-disk log)
     POST   /admin/weight_version           {"version": int}: the engine's weights changed
     GET    /admin/weight_version
+    GET    /admin/agent_url                {"url"}: the agent listener, for a local sandbox's
+                                           forward (never the admin listener)
     GET    /health                         no key; liveness only, reveals no session
 
 Agent routes live in `agent_routes`. Starlette (not FastAPI): the proxy has a dozen routes and no
@@ -100,6 +106,7 @@ async def create_session(request: Request) -> Response:
             metadata=body.get("metadata"),
             session_id=body.get("session_id"),
             step_limit=body.get("step_limit"),
+            caps=body.get("caps"),
         )
     except CaptureError as exc:
         return error_response(exc)
@@ -111,9 +118,18 @@ async def create_session(request: Request) -> Response:
             "sampling": session.policy.as_dict(),
             "metadata": session.metadata,
             "step_limit": session.step_limit,
+            "caps": session.caps.limits(),
         },
         status_code=201,
     )
+
+
+async def agent_url(request: Request) -> Response:
+    """Where agents reach this proxy from this host: the agent listener, never the admin one (a
+    sandbox forwarded to the admin listener could try the admin routes). Not the public URL:
+    that one is for remote sandboxes, this one is what a local sandbox is forwarded to."""
+    state: CaptureState = request.app.state.capture
+    return JSONResponse({"url": (state.agent_url or str(request.base_url)).rstrip("/")})
 
 
 async def list_sessions(request: Request) -> Response:
@@ -157,6 +173,8 @@ async def session_stats(request: Request) -> Response:
             # the limit (never recorded, never sent on)
             "steps": {"limit": session.step_limit, "taken": session.n_steps,
                       "refused": session.refused_steps},
+            # every call of the rollout (capture.caps): limits, used, refused past them
+            "caps": session.caps.stats(session.n_calls),
             "in_flight": session.in_flight,
             "graph": graph.stats(),
             **plan.stats(),
@@ -247,6 +265,7 @@ def create_app(
         Route("/admin/sessions/{session_id}/stats", session_stats, methods=["GET"]),
         Route("/admin/sessions/{session_id}", delete_session, methods=["DELETE"]),
         Route("/admin/weight_version", weight_version, methods=["GET", "POST"]),
+        Route("/admin/agent_url", agent_url, methods=["GET"]),
         Route(f"{s}/v1/chat/completions", agent_endpoint("chat"), methods=["POST"]),
         Route(f"{s}/v1/responses", agent_endpoint("responses"), methods=["POST"]),
         Route(f"{s}/v1/messages", agent_endpoint("messages"), methods=["POST"]),
@@ -298,7 +317,11 @@ class CaptureApp(Starlette):
             gate = await Gate.open(state, scope, receive, send)
             if gate is None:  # refused from the head, answered
                 return
-            receive, send = gate.receive, gate.send
-            if await agent_call_asgi(state, scope, receive, send):
-                return
+            try:
+                if await agent_call_asgi(state, scope, gate.receive, gate.send):
+                    return
+                await super().__call__(scope, gate.receive, gate.send)
+            finally:
+                gate.close()
+            return
         await super().__call__(scope, receive, send)

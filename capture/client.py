@@ -76,8 +76,11 @@ class _Calls:
 
     @staticmethod
     def create_body(sampling: dict[str, Any] | None, metadata: dict[str, Any] | None,
-                    session_id: str | None, step_limit: int | None = None) -> dict[str, Any]:
+                    session_id: str | None, step_limit: int | None = None,
+                    caps: dict[str, int | None] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {}
+        if caps is not None:
+            body["caps"] = caps
         if step_limit is not None:
             body["step_limit"] = step_limit
         if sampling is not None:
@@ -123,9 +126,10 @@ class CaptureClient:
 
     def create_session(self, sampling: dict[str, Any] | None = None,
                        metadata: dict[str, Any] | None = None,
-                       session_id: str | None = None, step_limit: int | None = None
-                       ) -> SessionInfo:
-        body = _Calls.create_body(sampling, metadata, session_id, step_limit)
+                       session_id: str | None = None, step_limit: int | None = None,
+                       caps: dict[str, int | None] | None = None) -> SessionInfo:
+        """`caps`: the rollout's caps on every call (capture.caps)."""
+        body = _Calls.create_body(sampling, metadata, session_id, step_limit, caps)
         return _Calls.session_info(self._http.post("/admin/sessions", json=body))
 
     def trace_json(self, session_id: str) -> bytes:
@@ -176,9 +180,10 @@ class AsyncCaptureClient:
 
     async def create_session(self, sampling: dict[str, Any] | None = None,
                              metadata: dict[str, Any] | None = None,
-                             session_id: str | None = None, step_limit: int | None = None
-                             ) -> SessionInfo:
-        body = _Calls.create_body(sampling, metadata, session_id, step_limit)
+                             session_id: str | None = None, step_limit: int | None = None,
+                             caps: dict[str, int | None] | None = None) -> SessionInfo:
+        """`caps`: the rollout's caps on every call (capture.caps)."""
+        body = _Calls.create_body(sampling, metadata, session_id, step_limit, caps)
         return _Calls.session_info(await self._http.post("/admin/sessions", json=body))
 
     async def trace_json(self, session_id: str) -> bytes:

@@ -20,7 +20,9 @@ One turn per retained engine call, in arrival order:
                           masked_logprobs; `truncated` (the reply hit a token limit) and
                           `truncated_by` ("proxy_cap": the session's max_tokens cap cut it;
                           "agent_max_tokens": the agent's own limit; "context": the engine's
-                          context length); `dropped_fields` (capture.allowlist)
+                          context length); `dropped_fields` (capture.allowlist); `unplaced`
+                          (capture.placement); `rollout_caps` (capture.caps: limits, used,
+                          calls refused past them)
 
 Not retained (counted in stats and in the 409 reasons, never silently dropped): failed calls (an
 upstream error: never trainable) and retries nobody continued (graph.RolloutGraph.discarded).
@@ -49,6 +51,7 @@ from typing import Any
 from .aux import classify
 from .errors import NothingTrainableError
 from .graph import Node
+from .placement import unplaced_nodes
 from .sessions import Session
 from .upstream import dumps
 
@@ -64,6 +67,7 @@ class ExportPlan:
     discarded: dict[str, str]
     trainable_tokens: int
     reasons: list[str] = field(default_factory=list)  # why nothing is trainable (when so)
+    unplaced: set[str] = field(default_factory=set)  # capture.placement
 
     def stats(self) -> dict[str, Any]:
         aux: dict[str, int] = {}
@@ -78,6 +82,7 @@ class ExportPlan:
             "n_trainable_tokens": self.trainable_tokens,
             "aux": aux,
             "discarded": len(self.discarded),
+            "unplaced": len(self.unplaced),
             "failed": failed,
         }
 
@@ -100,6 +105,7 @@ def plan_export(session: Session) -> ExportPlan:
             trainable += sum(1 for x in node.logprobs if not math.isnan(x))
     plan = ExportPlan(session, list(zip(retained, reasons_aux, strict=True)), discarded,
                       trainable)
+    plan.unplaced = unplaced_nodes(plan.turns)
     if trainable == 0:
         plan.reasons = _why_nothing(session, plan, missing, empty)
     return plan
@@ -151,6 +157,7 @@ def iter_turn_parts(plan: ExportPlan) -> Iterator[list[bytes | memoryview]]:
     longest = max((node.prompt_len for node, _ in plan.turns), default=0)
     zeros = memoryview(b"0," * longest)
     session_id = plan.session.session_id
+    caps = plan.session.caps.stats(plan.session.n_calls)
     for node, aux_reason in plan.turns:
         parent = node.parent
         if parent is None:
@@ -196,6 +203,10 @@ def iter_turn_parts(plan: ExportPlan) -> Iterator[list[bytes | memoryview]]:
             "truncated": info.get("truncated", info.get("finish_reason") == "length"),
             "truncated_by": info.get("truncated_by"),
             "dropped_fields": info.get("dropped_fields", []),
+            # not in the agent's own conversation (capture.placement): the trainer leaves it out
+            # unless told to train it (`train_unplaced_calls`)
+            "unplaced": node.node_id in plan.unplaced,
+            "rollout_caps": caps,  # the session's (capture.caps), as of the export
         }
         yield [
             b'{"node_id":', dumps(node.node_id), b',"prompt_token_ids":[',

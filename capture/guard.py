@@ -2,7 +2,9 @@
 
 The HF Jobs launcher binds the proxy on 0.0.0.0 and exposes it, so anyone who can reach the port
 can send it bytes. What the proxy promises to such a peer, and where each promise is kept (all of
-it here; the proxy's app calls `Gate` first for every request, the server runs `GuardedHTTP`):
+it here; the proxy's app calls `Gate` first for every request, the server runs uvicorn's h11
+protocol with `server_options` behind `GuardedHTTP`'s clock; `harness.serve` runs the same server
+options and `guard_app`, which is `Gate` without the sessions):
 
     the session key first   a request under /s/{id}/ is admitted (`admit`: the session exists, the
                             key is its own, and for a model call the session is under its memory
@@ -10,7 +12,7 @@ it here; the proxy's app calls `Gate` first for every request, the server runs `
                             its HEAD alone: `Gate` runs when uvicorn has parsed the head and before
                             the app calls `receive()`, so a refusal (401, 404, 413) is decided
                             before any body byte is taken, and answered with `connection: close`.
-                            What uvicorn (0.54, httptools and h11 alike) does meanwhile: it sends
+                            What uvicorn (0.55, h11) does meanwhile: it sends
                             no `100 Continue` until the app first calls `receive()` (a refused
                             request never does), and it buffers the body bytes that arrive
                             meanwhile, pausing the socket once past its flow-control high water
@@ -19,18 +21,29 @@ it here; the proxy's app calls `Gate` first for every request, the server runs `
     bounded connections     `Limits.max_connections` open connections and requests (uvicorn's
                             `limit_concurrency`, its public setting): past it a request is answered
                             503 by uvicorn.
+    requests per session    `Limits.max_session_requests` requests of one session in flight at
+                            once (`Gate`, from the head): past it 429, so one rollout cannot hold
+                            the connections every other session needs.
     header read time        `Limits.header_timeout_s` from a connection's opening (or a later
-                            request's first byte) to its complete head; past it: 408 and the
-                            connection closes (a slowloris peer holds a connection that long at
-                            most). uvicorn has no public setting for it (`timeout_keep_alive`
-                            bounds only the idle time after a response), so `GuardedHTTP` keeps it.
-    header size             `Limits.max_header_bytes` received before a head is complete; past
-                            it: 431, closed (`GuardedHTTP`: httptools has no bound; uvicorn's
-                            `h11_max_incomplete_event_size` exists for h11 only).
+                            request's first byte) to the request reaching the app; past it: 408
+                            and the connection closes (a slowloris peer holds a connection that
+                            long at most). uvicorn has no public setting for it
+                            (`timeout_keep_alive` bounds only the idle time after a response), so
+                            `GuardedHTTP` keeps a clock; it reads no byte.
+    header size             `Limits.max_header_bytes`: h11's own bound on an incomplete event
+                            (uvicorn's `h11_max_incomplete_event_size`): past it uvicorn answers
+                            400 and closes. A head pipelined behind a request in flight is not
+                            parsed until that request ends: h11 pauses, uvicorn stops reading the
+                            socket, so it holds one socket read at most (the kernel's buffers
+                            hold the rest). httptools, uvicorn's faster parser, has no bound, so
+                            the guarded server always runs h11.
     body read time          `Limits.body_timeout_s` from the complete head to the complete body;
                             past it: 408, closed (`Gate`'s `receive`).
     body size               `Limits.max_body_bytes`: 413 from the head when the declared length is
                             over it, else once the bytes taken pass it (`Gate`'s `receive`).
+    bodies per session      `Limits.max_session_body_bytes` of body bytes held by one session's
+                            requests in flight together (a request holds its body until it is
+                            answered): past it 413 (`Gate`'s `receive`).
     memory per session      `Limits.max_session_bytes` of recorded token arrays (the part of a
                             session that grows with its calls; the caches beside it are bounded
                             by a few request bodies): past it each new call is refused with 413
@@ -40,10 +53,10 @@ it here; the proxy's app calls `Gate` first for every request, the server runs `
                             listener on 127.0.0.1 (`CaptureServer.admin_url`), and answered 404 on
                             the public one.
 
-`GuardedHTTP` wraps (never subclasses) the protocol uvicorn itself would serve with (`http="auto"`:
-httptools when installed, else h11) and talks to it only through asyncio.Protocol's interface; it
-is handed to uvicorn through `uvicorn.Config(http=...)`, which takes a protocol class. It reads the
-bytes as they pass only to find where a head ends.
+`GuardedHTTP` wraps (never subclasses) uvicorn's h11 protocol and talks to it only through
+asyncio.Protocol's interface; it is handed to uvicorn through `uvicorn.Config(http=...)`, which
+takes a protocol class. It parses nothing: an earlier version found heads' ends itself in front of
+httptools, and a head pipelined behind a call in flight went unbounded (400 MiB accepted).
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import http
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,8 +78,9 @@ if TYPE_CHECKING:
     from .dialects.base import Dialect, DialectError
     from .sessions import Session
 
-__all__ = ["Gate", "GuardedHTTP", "Limits", "admit", "check_admin", "error_response",
-           "guarded_protocol", "header", "presented_key", "read_body"]
+__all__ = ["Gate", "GuardedHTTP", "Limits", "SessionLoad", "admit", "check_admin",
+           "error_response", "guard_app", "guarded_protocol", "header", "presented_key",
+           "read_body", "server_options"]
 
 Headers = list[tuple[bytes, bytes]]  # an ASGI scope's: names lowercased (uvicorn does)
 
@@ -87,10 +102,13 @@ class Limits:
     max_header_bytes: int = 64 * 1024
     max_body_bytes: int = 32 * 1024 * 1024
     max_session_bytes: int = 512 * 1024 * 1024
+    max_session_requests: int = 64
+    max_session_body_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "header_timeout_s", "body_timeout_s", "max_header_bytes",
-                     "max_body_bytes", "max_session_bytes"):
+                     "max_body_bytes", "max_session_bytes", "max_session_requests",
+                     "max_session_body_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
@@ -179,14 +197,15 @@ class Gate:
     None returned) and otherwise returns the gate, whose `receive` keeps the body's read time and
     size and whose `send` tells the connection's `GuardedHTTP` when the response is complete."""
 
-    __slots__ = ("_clock", "_deadline", "_receive", "_send", "dialect", "done", "limit",
-                 "refused", "size", "started")
+    __slots__ = ("_clock", "_deadline", "_receive", "_send", "dialect", "done", "limit", "load",
+                 "load_limit", "refused", "size", "started")
 
     def __init__(self, receive: Any, send: Any, limits: Limits, dialect: Dialect | None,
-                 clock: GuardedHTTP | None) -> None:
+                 clock: GuardedHTTP | None, load: SessionLoad | None = None) -> None:
         self._receive, self._send, self._clock = receive, send, clock
         self.dialect = dialect
         self.limit = limits.max_body_bytes
+        self.load, self.load_limit = load, limits.max_session_body_bytes
         self._deadline = asyncio.get_running_loop().time() + limits.body_timeout_s
         self.size = 0
         self.done = self.refused = self.started = False
@@ -203,13 +222,20 @@ class Gate:
             path = path[len(root):]
         headers = scope["headers"]
         dialect = None
+        load = None
         try:
             if path.startswith("/s/"):
                 session_id, _, rest = path[3:].partition("/")
                 dialect = DIALECTS[_SHAPES.get(rest, "chat")]
-                scope[SESSION] = admit(state, session_id, headers,
-                                       model_call=scope["method"] == "POST"
-                                       and rest in MODEL_CALLS)
+                session = scope[SESSION] = admit(state, session_id, headers,
+                                                 model_call=scope["method"] == "POST"
+                                                 and rest in MODEL_CALLS)
+                load = SessionLoad.of(session)
+                if load.requests >= state.limits.max_session_requests:
+                    raise BadRequest(
+                        f"session {session_id} has {load.requests} requests in flight, the "
+                        f"proxy's bound per session (max_session_requests); retry when one ends",
+                        status=429)
             elif path.startswith("/admin"):
                 port = state.admin_port
                 server = scope.get("server")
@@ -226,7 +252,16 @@ class Gate:
             gate = cls(receive, send, state.limits, dialect, clock)
             await gate.refuse(exc)
             return None
-        return cls(receive, send, state.limits, dialect, clock)
+        if load is not None:
+            load.requests += 1
+        return cls(receive, send, state.limits, dialect, clock, load)
+
+    def close(self) -> None:
+        """The request is over (answered or failed): its share of its session's load is freed."""
+        load, self.load = self.load, None
+        if load is not None:
+            load.requests -= 1
+            load.body_bytes -= self.size
 
     async def receive(self) -> dict[str, Any]:
         if self.done:  # the body is in: what is left to hear is a disconnect, with no deadline
@@ -241,10 +276,19 @@ class Gate:
                                          "read time (body_timeout_s)", status=408))
             return {"type": "http.disconnect"}
         if message["type"] == "http.request":
-            self.size += len(message.get("body", b""))
+            taken = len(message.get("body", b""))
+            self.size += taken
+            if self.load is not None:
+                self.load.body_bytes += taken
             if self.size > self.limit:
                 await self.refuse(BadRequest(
                     f"request body is over the proxy's {self.limit}-byte limit", status=413))
+                return {"type": "http.disconnect"}
+            if self.load is not None and self.load.body_bytes > self.load_limit:
+                await self.refuse(BadRequest(
+                    f"the session's requests in flight hold over {self.load_limit} bytes of "
+                    "bodies, the proxy's bound per session (max_session_body_bytes)",
+                    status=413))
                 return {"type": "http.disconnect"}
             self.done = not message.get("more_body", False)
         return message
@@ -269,13 +313,35 @@ class Gate:
         await response({"type": "http"}, self._receive, self._send)
 
 
+class SessionLoad:
+    """What one session's requests in flight hold: how many, and their body bytes so far (the
+    bounds per session, so one rollout cannot take the connections or memory of all others)."""
+
+    __slots__ = ("body_bytes", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.body_bytes = 0
+
+    @staticmethod
+    def of(session: Session) -> SessionLoad:
+        load = _LOADS.get(session)
+        if load is None:
+            load = _LOADS[session] = SessionLoad()
+        return load
+
+
+# Per live session (weakly: a deleted session's entry goes with it).
+_LOADS: weakref.WeakKeyDictionary[Any, SessionLoad] = weakref.WeakKeyDictionary()
+
+
 class UnknownRoute(CaptureError):
     """An admin route asked for on the public listener of a proxy with an admin listener."""
 
     status = 404
 
 
-# --- the connection: head time and size -----------------------------------------------------------
+# --- the connection: head time ---------------------------------------------------------------------
 def _plain(status: int, text: bytes) -> bytes:
     phrase = http.HTTPStatus(status).phrase.encode()
     return (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
@@ -283,7 +349,6 @@ def _plain(status: int, text: bytes) -> bytes:
 
 
 _TIMEOUT = _plain(408, b"the request was not received in time (capture proxy header_timeout_s)")
-_TOO_LARGE = _plain(431, b"request head too large (capture proxy max_header_bytes)")
 
 # Open guarded connections by (server address, client address): how a request's `Gate` finds its
 # connection's clock (uvicorn puts both addresses in the scope, read the same way from the socket).
@@ -295,14 +360,13 @@ def _address(info: Any) -> tuple[str, int] | None:
 
 
 class GuardedHTTP(asyncio.Protocol):
-    """uvicorn's HTTP protocol (`inner`), with a head's read time and size kept in front of it.
+    """uvicorn's h11 protocol (`inner`) with a clock in front of it: a head's read time.
 
-    A head is due within `header_timeout_s` of the connection's opening, or of the first byte of
-    a later request on it (an idle keep-alive connection is uvicorn's `timeout_keep_alive`'s);
-    bytes received before a head is complete count towards `max_header_bytes`. A head ends at the
-    first CRLFCRLF; from there until `Gate` says the response is complete, bytes are the body's
-    (and `Gate` bounds them). Past the time: 408, past the size: 431, and the connection closes.
-    Made by `guarded_protocol(limits)`, which binds `limits` and the inner class."""
+    It parses nothing: h11 (through uvicorn) does, and bounds what it holds. A head is due within
+    `header_timeout_s` of the connection's opening, or of the first byte after a response (an
+    idle keep-alive connection is uvicorn's `timeout_keep_alive`'s); the clock stops when the
+    request reaches the app (`Gate` calls `request_started`). Past it: 408, and the connection
+    closes. Made by `guarded_protocol(limits)`, which binds `limits` and the inner class."""
 
     inner_class: type[asyncio.Protocol]
     limits: Limits
@@ -312,9 +376,7 @@ class GuardedHTTP(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._key: tuple[Any, Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._in_head = True  # waiting for a head (no request of this connection is being served)
-        self._head_bytes = 0
-        self._tail = b""  # the last bytes of the head so far: a CRLFCRLF may straddle two reads
+        self._waiting = True  # for a request's head (none of this connection is being served)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -325,18 +387,8 @@ class GuardedHTTP(asyncio.Protocol):
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._in_head:
-            if data.find(b"\r\n\r\n") >= 0 or (self._tail + data[:3]).find(b"\r\n\r\n") >= 0:
-                self.request_started()  # the head is complete (a body in the same read is not
-                # counted against the head)
-            else:
-                self._head_bytes += len(data)
-                self._tail = data[-3:]
-                if self._timer is None:
-                    self._arm()  # a later request's first byte
-                if self._head_bytes > self.limits.max_header_bytes:
-                    self._refuse(_TOO_LARGE)
-                    return
+        if self._waiting and self._timer is None:
+            self._arm()  # a later request's first byte
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -356,15 +408,13 @@ class GuardedHTTP(asyncio.Protocol):
 
     # --- told by Gate -------------------------------------------------------------------------
     def request_started(self) -> None:
-        """A head is complete (seen here, or its request reached `Gate`): no head time runs."""
-        self._in_head = False
-        self._head_bytes, self._tail = 0, b""
+        """A request reached the app: its head is complete, no head time runs."""
+        self._waiting = False
         self._disarm()
 
     def response_done(self) -> None:
         """The request's response is complete: the next bytes are a new head's."""
-        self._in_head = True
-        self._head_bytes, self._tail = 0, b""
+        self._waiting = True
 
     # --- the clock -------------------------------------------------------------------------------
     def _arm(self) -> None:
@@ -379,27 +429,53 @@ class GuardedHTTP(asyncio.Protocol):
 
     def _expired(self) -> None:
         self._timer = None
-        if self._in_head:
-            self._refuse(_TIMEOUT)
-
-    def _refuse(self, answer: bytes) -> None:
-        self._disarm()
         transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.write(answer)
+        if self._waiting and transport is not None and not transport.is_closing():
+            transport.write(_TIMEOUT)
             transport.close()
 
 
 def guarded_protocol(limits: Limits) -> type[GuardedHTTP]:
-    """A `GuardedHTTP` class for `uvicorn.Config(http=...)`, in front of the protocol uvicorn
-    serves with by default (`http="auto"`). Raises RuntimeError, saying so, if this uvicorn has no
-    such protocol where uvicorn's own default names it."""
+    """A `GuardedHTTP` class for `uvicorn.Config(http=...)`, in front of uvicorn's h11 protocol
+    (h11 bounds a head's bytes, `h11_max_incomplete_event_size`: `server_options`; httptools has
+    no such bound). Raises RuntimeError, saying so, if this uvicorn has no h11 protocol."""
     try:
-        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+        from uvicorn.protocols.http.h11_impl import H11Protocol
     except ImportError as exc:
         raise RuntimeError(
-            "capture.guard cannot find uvicorn's default HTTP protocol "
-            f"(uvicorn.protocols.http.auto.AutoHTTPProtocol): {exc}; the proxy cannot bound "
-            "header read times without it. Install a uvicorn that has it.") from exc
-    return type("GuardedHTTP", (GuardedHTTP,), {"inner_class": AutoHTTPProtocol,
-                                                "limits": limits})
+            "capture.guard cannot find uvicorn's h11 protocol "
+            f"(uvicorn.protocols.http.h11_impl.H11Protocol): {exc}; the proxy cannot bound "
+            "request heads without it. Install uvicorn with h11.") from exc
+    return type("GuardedHTTP", (GuardedHTTP,), {"inner_class": H11Protocol, "limits": limits})
+
+
+def server_options(limits: Limits) -> dict[str, Any]:
+    """The `uvicorn.Config` settings that keep `limits` (with `guarded_protocol` and `guard_app`):
+    h11 as the parser, its bound on an incomplete head (`max_header_bytes`: past it uvicorn answers
+    400 and closes; a head pipelined behind a request in flight waits in one socket read at most,
+    as h11 pauses and uvicorn stops reading), and the connection cap (503 past it)."""
+    return {"http": guarded_protocol(limits), "h11_max_incomplete_event_size":
+            limits.max_header_bytes, "limit_concurrency": limits.max_connections}
+
+
+def guard_app(app: Any, limits: Limits) -> Any:
+    """`app` behind the guard's checks that need no session (a head's time via the connection's
+    clock, a body's size and read time): for a server beside the proxy (`harness.serve`)."""
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        clock = _CONNECTIONS.get((scope.get("server"), scope.get("client")))
+        if clock is not None:
+            clock.request_started()
+        gate = Gate(receive, send, limits, None, clock)
+        declared = header(scope["headers"], b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+            await gate.refuse(BadRequest(
+                f"request body is over the server's {limits.max_body_bytes}-byte limit",
+                status=413))
+            return
+        await app(scope, gate.receive, gate.send)
+
+    return guarded

@@ -5,8 +5,9 @@ is bound before the thread starts so the port (`0` = any free one) is known when
 and a bind error is raised in the caller's thread. Only uvicorn's public interface is used:
 `uvicorn.Config` and `uvicorn.Server.serve(sockets=...)`. uvloop and httptools are used when
 installed (uvicorn's `loop=` option, and its `http="auto"` picks httptools): they halve uvicorn's
-per-request CPU. With `limits`, the server runs capture.guard's `GuardedHTTP` in front of uvicorn's
-protocol (`Config(http=...)` takes a protocol class) and uvicorn's own `limit_concurrency`. One
+per-request CPU. With `limits`, the server runs capture.guard's `server_options`: uvicorn's h11
+protocol (which bounds a head's bytes) behind `GuardedHTTP`'s clock, and uvicorn's own
+`limit_concurrency`; servers without `limits` (test engines) keep httptools. One
 server may listen on more than one address (the proxy's admin listener).
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import uvicorn
 
-from .guard import Limits, guarded_protocol, read_body
+from .guard import Limits, read_body, server_options
 
 __all__ = ["ThreadedUvicorn", "fast_loop", "read_body"]
 
@@ -64,7 +65,8 @@ class ThreadedUvicorn:
     def start(self, timeout_s: float = 30.0) -> int:
         """Bind, start serving, wait until uvicorn is up; returns the bound port."""
         # Made before binding: if capture.guard cannot run, nothing is bound (RuntimeError).
-        protocol: Any = guarded_protocol(self.limits) if self.limits is not None else "auto"
+        guarded: dict[str, Any] = (server_options(self.limits) if self.limits is not None
+                                   else {"http": "auto"})
         self._sockets = [bind(self.host, self.port)]
         self.port = self._sockets[0].getsockname()[1]
         if self.also is not None:
@@ -77,7 +79,7 @@ class ThreadedUvicorn:
         config = uvicorn.Config(
             self.app,
             loop=fast_loop(),
-            http=protocol,
+            **guarded,
             log_level="warning",
             access_log=False,
             lifespan="on",
@@ -86,8 +88,6 @@ class ThreadedUvicorn:
             # the client address, and the middleware is one more layer on every call.
             proxy_headers=False,
             backlog=2048,
-            # capture.guard: past it, a request is answered 503 (uvicorn's own check)
-            limit_concurrency=self.limits.max_connections if self.limits is not None else None,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name=f"uvicorn-{self.port}",

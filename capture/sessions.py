@@ -9,7 +9,8 @@ secret does not, and the secret is compared in constant time (`hmac.compare_dige
 Persistence ("nothing captured is lost, nothing is reused"): with a data dir, each session is a
 folder
 
-    <data_dir>/sessions/<id>/session.json   id, secret, sampling, metadata, step limit (0600)
+    <data_dir>/sessions/<id>/session.json   id, secret, sampling, metadata, step limit, caps
+                                            (0600)
     <data_dir>/sessions/<id>/calls.jsonl    one line per completed call, appended as it completes
                                             (capture.calllog: durability policy, torn lines)
 
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from .calllog import FSYNC_POLICIES, CallLog, read_records
+from .caps import RolloutCaps
 from .dialects.memo import TranslationMemo
 from .early import EarlyBodies
 from .errors import (
@@ -130,6 +132,8 @@ class Session:
     step_limit: int | None = None
     n_steps: int = 0  # steps served (ok + failed + in flight)
     refused_steps: int = 0
+    # every call and completion token of the rollout, whatever the agent (capture.caps)
+    caps: RolloutCaps = field(default_factory=RolloutCaps)
     in_flight: int = 0
     torn_log_lines: int = 0
     lost_calls: int = 0  # logged calls a replay could not restore (their parent line was lost too)
@@ -168,6 +172,10 @@ class Session:
             raise StepLimitReached(self.session_id, self.step_limit)
         self.n_steps += 1
 
+    def check_caps(self) -> None:
+        """Raise RolloutCapReached (counted) for a model call past a rollout cap."""
+        self.caps.check(self.session_id, self.n_calls)
+
     def next_call_id(self) -> str:
         """A node id never used before in this session, across proxy restarts (module doc)."""
         self.n_calls += 1
@@ -205,6 +213,7 @@ class Session:
         if parent is not None:
             parent.messages = None  # no longer a leaf; rebuilt from the path if ever needed
         self.token_bytes += _token_bytes(node)
+        self.caps.tokens_used += len(node.completion)
         self._count(info)
         if self.log is not None:
             record = {
@@ -300,6 +309,7 @@ class Session:
         )
         self.graph.restore(node, parent_id)
         self.token_bytes += _token_bytes(node)
+        self.caps.tokens_used += len(node.completion)
         self._count(info)
 
     def _restore_lost(self, node_id: str, copy: dict[str, Any]) -> None:
@@ -326,6 +336,7 @@ class Session:
             "sampling": self.policy.as_dict(),
             "n_calls": self.n_calls,
             "step_limit": self.step_limit,
+            "caps": self.caps.limits(),
         }
 
 
@@ -363,7 +374,9 @@ class SessionStore:
         metadata: dict[str, Any] | None = None,
         session_id: str | None = None,
         step_limit: int | None = None,
+        caps: dict[str, Any] | None = None,
     ) -> Session:
+        """`caps`: the rollout's caps (capture.caps; None: none)."""
         try:
             policy = SamplingPolicy.from_dict(sampling)
         except ValueError as exc:
@@ -379,7 +392,7 @@ class SessionStore:
         if session_id in self._sessions:
             raise BadRequest(f"session {session_id} already exists", status=409)
         session = Session(session_id, secrets.token_urlsafe(24), policy, dict(metadata or {}),
-                          step_limit=step_limit)
+                          step_limit=step_limit, caps=RolloutCaps.from_dict(caps))
         if self.data_dir is not None:
             folder = self.data_dir / "sessions" / session_id
             try:
@@ -400,6 +413,7 @@ class SessionStore:
                 "metadata": session.metadata,
                 "created_at": session.created_at,
                 "step_limit": step_limit,
+                "caps": session.caps.limits(),
             }
             _write_private(folder / "session.json", json.dumps(header).encode())
             session.log = CallLog(folder / "calls.jsonl", self.fsync)
@@ -439,6 +453,7 @@ class SessionStore:
                     header.get("metadata") or {},
                     header.get("created_at", time.time()),
                     step_limit=header.get("step_limit"),
+                    caps=RolloutCaps.from_dict(header.get("caps")),
                 )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 logger.error("skipping unreadable session folder %s: %s", folder, exc)

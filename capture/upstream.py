@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -101,7 +102,12 @@ class EngineClient:
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
         max_connections: int = 512,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: the engine's key (vLLM --api-key), sent on every call; default:
+        $HARNESS_ENGINE_API_KEY (launchers.engine starts the engine with it), none if unset."""
+        key = api_key if api_key is not None else os.environ.get(ENGINE_KEY_ENV)
+        self._headers = {"authorization": f"Bearer {key}"} if key else None
         base = engine_url.rstrip("/")
         self.engine_url = base[:-3] if base.endswith("/v1") else base
         parts = urlsplit(self.engine_url)
@@ -129,7 +135,7 @@ class EngineClient:
                 limit=self._max_connections, limit_per_host=0, keepalive_timeout=4.0,
                 ttl_dns_cache=300)
             self._http = aiohttp.ClientSession(
-                connector=connector, timeout=self._stream,
+                connector=connector, timeout=self._stream, headers=self._headers,
                 cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
         return self._http
 
@@ -195,6 +201,8 @@ class EngineClient:
         return EngineStream(response, self.engine_url, self.timeout_s)
 
 
+# The engine's API key, as launchers.engine starts it (launchers.engine.API_KEY_ENV).
+ENGINE_KEY_ENV = "HARNESS_ENGINE_API_KEY"
 _JSON = {"content-type": "application/json"}
 
 

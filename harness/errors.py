@@ -17,8 +17,8 @@ asked anything, so a retry costs no engine time and changes no statistics).
         └── RewardMissingError            no reward.txt / reward.json, or not the selected key
 
 One cause is not an error: `tampered` (the agent kept its grade from being fair: it left state
-in the grading paths, filled the disk, killed the grader, or the grader works on a fresh copy of
-the task but not after it). The session scores such a rollout 0.0 and the factory labels it;
+in the grading paths, filled the disk, killed the grader or the sandbox's pid 1, or the grader
+works on a fresh copy of the task but not after it). The session scores such a rollout 0.0 and the factory labels it;
 it is trainable and part of its group's baseline, so failing that way costs the policy as
 much as failing the task.
 

@@ -4,7 +4,7 @@ The same services and rollouts as `harness.train` (engine, capture proxy, Harbor
 agents, the task verifiers), minus the trainer: every task gets --rollouts-per-task rollouts, and
 the table shows passes / scored rollouts per task and overall, with failures counted by cause.
 So a before/after table is two commands: eval the base model, train, eval the checkpoint
-(`--model <output-dir>/trainer/checkpoint-N/model`).
+(`--model <output-dir>/trainer/model`, the HF export written when training ends).
 
 A rollout "passes" when its env_reward is >= 1.0 (what the bundled verifiers write on success);
 unscored rollouts (infra or verifier failures) are shown apart and left out of the rate, never
@@ -17,7 +17,6 @@ import asyncio
 import json
 import logging
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -30,6 +29,7 @@ from harness.run_config import (
     quiet_harbor,
     settings_from_args,
 )
+from harness.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
 from harness.run_records import RecordingFactory
 from harness.stack import RunStack
 
@@ -71,14 +71,19 @@ async def _rollouts(factory: RecordingFactory, n_tasks: int, per_task: int) -> N
 
 def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
     console = console or Console()
+    if settings.output_dir is None:
+        settings.output_dir = str(fresh_run_dir("eval"))  # made below, once preflight passes
     problems = preflight(settings, train=False)
     if problems:
         raise SettingsError(problems)
     from harness.factory import HarborSessionFactory
     from harness.tasks import load_tasks
 
-    run_dir = Path(settings.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir = prepare_run_dir(settings.output_dir, "eval", overwrite=settings.overwrite)
+    except RunDirError as exc:
+        raise SettingsError([str(exc)]) from exc
+    settings.output_dir = str(run_dir)
     console.print(f"[bold]view[/] python -m harness.view {run_dir}  (live while it runs)")
     tasks = load_tasks(settings.tasks, count=settings.task_count)
     sampling = {"temperature": settings.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,

@@ -64,6 +64,9 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
         model: the served model name the agent asks for.
         sampling: the trainer's sampling policy, enforced by the proxy on every call.
         max_tokens: optional per-call completion cap added to the sampling policy.
+        rollout_caps: per-rollout caps the proxy keeps on every agent's engine calls and
+            completion tokens, `{"calls": int|None, "tokens": int|None}` (capture.caps; None:
+            `capture.caps.default_caps(max_steps, max_tokens)`); calls past them are refused.
         max_concurrent_rollouts: rollouts in flight at once in `rollout()`.
         agent_timeout_s / verifier_timeout_s / max_steps: limits per rollout.
         reward_key: which key of a multi-reward reward.json is `env_reward`.
@@ -87,6 +90,7 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
         verifier_timeout_s: float = 300.0,
         max_steps: int = 30,
         max_tokens: int | None = None,
+        rollout_caps: dict[str, int | None] | None = None,
         reward_key: str | None = None,
         max_attempts: int = 3,
         backoff_s: float = 1.0,
@@ -136,6 +140,7 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
             model=model,
             sampling=policy,
             max_steps=max_steps,
+            rollout_caps=rollout_caps,
             agent_timeout_s=agent_timeout_s,
             verifier_timeout_s=verifier_timeout_s,
             reward_key=reward_key,

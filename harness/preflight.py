@@ -116,6 +116,28 @@ def _check_rollout_services(settings: RunSettings) -> list[str]:
     return problems
 
 
+def _check_run_dir(settings: RunSettings, *, kind: str) -> list[str]:
+    from harness.run_dir import check_run_dir
+
+    return check_run_dir(settings.output_dir, kind, resume=settings.resume and kind == "train",
+                         overwrite=settings.overwrite)
+
+
+def _wait_for_ready(settings: RunSettings, remote: bool) -> list[str]:
+    from harness.ready import Target, wait_ready
+
+    targets = []
+    if settings.engine_url:
+        targets.append(Target("--engine-url", settings.engine_url, "the vLLM engine"))
+    if remote:
+        targets += [Target("--rollout-service", url, "the rollout service")
+                    for url in settings.rollout_service_urls()
+                    if url.startswith(("http://", "https://"))]
+    if settings.ready_timeout_s <= 0:
+        return [f"--ready-timeout-s {settings.ready_timeout_s}: must be > 0"]
+    return wait_ready(targets, settings.ready_timeout_s) if targets else []
+
+
 def _check_model(settings: RunSettings) -> list[str]:
     if settings.model is None:
         return []
@@ -143,8 +165,8 @@ def _check_rewards(settings: RunSettings) -> list[str]:
 
 
 def _check_resume(settings: RunSettings) -> list[str]:
-    if not settings.resume:
-        return []
+    if not settings.resume or settings.output_dir is None:
+        return []  # no --output-dir with --resume: _check_run_dir names it
     from trainer.checkpoint import find_latest
 
     if find_latest(str(Path(settings.output_dir) / "trainer")) is None:
@@ -204,16 +226,22 @@ def preflight(settings: RunSettings, *, train: bool) -> list[str]:
     child = _RolloutCheck(settings) if train and not remote else None
     if settings.harness not in HARNESSES:
         problems.append(f"--harness {settings.harness!r}: choose one of {', '.join(HARNESSES)}")
-    if settings.weight_sync and settings.engine_url and train:
+    problems += _check_run_dir(settings, kind="train" if train else "eval")
+    # Processes started beside this one (the GPU quick start) may still be loading: wait for
+    # them with a deadline before asking them anything (harness.ready).
+    not_ready = _wait_for_ready(settings, remote)
+    problems += not_ready  # what never answered is not asked anything else below
+    if settings.weight_sync and settings.engine_url and train and not not_ready:
         # A running engine was started by someone else; it must expose the weight-transfer routes.
         problems += _check_weight_transfer_routes(settings.engine_url)
     problems += _check_model(settings)
-    if remote:
+    if remote and not not_ready:
         # The services load the tasks, run the sandboxes and expose their own proxies.
         problems += _check_rollout_services(settings)
     elif not train:
         problems += rollout_problems(settings, train=False)
-    problems += _check_engine(settings)
+    if not (settings.engine_url and not_ready):
+        problems += _check_engine(settings)
     if train:
         problems += _check_rewards(settings)
         problems += _check_resume(settings)

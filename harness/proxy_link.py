@@ -55,6 +55,9 @@ class ProxyLink:
         self.url = url.rstrip("/")
         self.admin_key = admin_key
         self._server = server
+        # Where agents reach the proxy (its agent listener): never `url`, which may be the admin
+        # listener (a proxy on a public address serves admin routes on their own loopback port).
+        self._agent_url: str | None = server.url if server is not None else None
         # id(loop) -> (loop, client): the loop is kept so a recycled id can never hand a new
         # loop a client bound to a dead one.
         self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
@@ -84,12 +87,14 @@ class ProxyLink:
 
     async def create_session(
         self, *, sampling: dict[str, Any] | None, metadata: dict[str, Any] | None,
-        step_limit: int | None = None,
+        step_limit: int | None = None, caps: dict[str, int | None] | None = None,
     ) -> ProxySession:
-        """`step_limit`: model calls that offer tools the proxy serves (None: no limit)."""
+        """`step_limit`: model calls that offer tools the proxy serves (None: no limit);
+        `caps`: the rollout's caps on every call (capture.caps; None: none)."""
         body = await self._request(
             "POST", "/admin/sessions",
-            json={"sampling": sampling or None, "metadata": metadata, "step_limit": step_limit},
+            json={"sampling": sampling or None, "metadata": metadata, "step_limit": step_limit,
+                  "caps": caps},
         )
         return ProxySession(body["session_id"], body["secret"], dict(body["base_urls"]))
 
@@ -106,10 +111,19 @@ class ProxyLink:
 
     async def model_calls(self, session_id: str) -> tuple[int, int]:
         """(engine calls the agent made in this session, failed ones included; calls refused
-        past its step limit)."""
+        past its step limit or its rollout caps, capture.caps)."""
         stats = await self.stats(session_id)
-        refused = (stats.get("steps") or {}).get("refused", 0)
+        refused = ((stats.get("steps") or {}).get("refused", 0)
+                   + (stats.get("caps") or {}).get("refused", 0))
         return int(stats.get("n_calls", stats.get("n_ok", 0))), int(refused)
+
+    async def agent_url(self) -> str:
+        """The URL a sandbox is given a way to (forwarded to): the proxy's agent listener, asked
+        of the proxy once (`GET /admin/agent_url`), never its admin listener."""
+        if self._agent_url is None:
+            body = await self._request("GET", "/admin/agent_url")
+            self._agent_url = str(body["url"]).rstrip("/")
+        return self._agent_url
 
     async def delete_session(self, session_id: str) -> None:
         with contextlib.suppress(ProxySessionLostError):  # already gone: the goal of a delete

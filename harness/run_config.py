@@ -36,7 +36,7 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "qui
            "settings_from_args"]
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
-TRAIN_ONLY = frozenset({"groups_per_step", "steps", "learning_rate", "resume", "weight_sync",
+TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "resume", "weight_sync",
                         "reward_fn", "reward_funcs", "report_to", "shuffle_rewards",
                         "shuffle_tasks", "eval_tasks", "eval_rollouts_per_task", "rollout_service",
                         "rollout_service_key_file"})
@@ -75,6 +75,7 @@ class RunSettings:
     groups_per_step: int = 4
     max_concurrent_rollouts: int = 6
     steps: int = 12
+    save_steps: int = 50  # sharded checkpoint every N steps, and after the last one
     # None: 5e-4 for the committed tiny models, 1e-6 for a --model of your own (__post_init__).
     learning_rate: float | None = None
     temperature: float = 1.0
@@ -84,7 +85,9 @@ class RunSettings:
     # on any other tasks (__post_init__).
     max_agent_steps: int | None = None
     agent_timeout_s: float = 180.0
-    output_dir: str = "runs/latest"
+    output_dir: str | None = None  # None: a fresh runs/<UTC time>-train|eval (harness.run_dir)
+    overwrite: bool = False  # delete an existing --output-dir's files instead of refusing it
+    ready_timeout_s: float = 600.0  # how long to wait for --engine-url / --rollout-service
     reward_fn: str | None = None  # pkg.module:function
     reward_funcs: list[str] = field(default_factory=list)  # name=pkg.module:function[*weight]
     reward_key: str | None = None
@@ -98,6 +101,7 @@ class RunSettings:
     seed: int = 0
     rollouts_per_task: int = 2  # eval only
     shuffle_rewards: bool = False  # the control: rewards permuted within each group
+    train_unplaced_calls: bool = False  # capture.placement: calls outside the agent's own chat
     shuffle_tasks: bool = True  # train tasks in a fresh order each epoch, seeded by --seed
     # Held-out tasks evaluated before and after training. "auto": family:heldout when --tasks is
     # family:train, else none; "none": no evaluation (resolved in __post_init__).
@@ -123,17 +127,22 @@ class RunSettings:
         return [u.strip() for u in (self.rollout_service or "").split(",") if u.strip()]
 
     def trainer_config(self):  # -> AsyncGRPOConfig, imported lazily (torch)
+        from harness.run_dir import fresh_run_dir
         from trainer.config import AsyncGRPOConfig
 
+        # No --output-dir yet (harness.train chooses it before it builds the trainer): a fresh
+        # folder's name, never an earlier run's.
+        run_dir = self.output_dir or str(fresh_run_dir("train"))
         return AsyncGRPOConfig(
             num_generations=self.num_generations, groups_per_step=self.groups_per_step,
             max_concurrent_rollouts=self.max_concurrent_rollouts,
-            vllm_server_base_url=self.engine_url, temperature=self.temperature,
+            temperature=self.temperature,
             max_tokens=self.max_tokens, learning_rate=self.learning_rate, max_steps=self.steps,
-            seed=self.seed, output_dir=str(Path(self.output_dir) / "trainer"),
+            seed=self.seed, output_dir=str(Path(run_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
-            save_steps=1, shuffle_rewards=self.shuffle_rewards,
+            save_steps=self.save_steps, shuffle_rewards=self.shuffle_rewards,
             shuffle_dataset=self.shuffle_tasks,
+            train_unplaced_calls=self.train_unplaced_calls,
         )
 
 
@@ -186,6 +195,8 @@ def _help(name: str) -> str:
         "groups_per_step": "groups consumed by one optimizer step",
         "max_concurrent_rollouts": "rollouts in flight at once",
         "steps": "optimizer steps to train",
+        "save_steps": "write a sharded checkpoint every N steps (and after the last; 0: only "
+                      "the last); the final model is exported to <output-dir>/trainer/model",
         "learning_rate": "AdamW learning rate (default: 5e-4 for the committed tiny models, "
                          "1e-6 for any other --model)",
         "temperature": "sampling temperature (enforced on every agent call)",
@@ -193,11 +204,17 @@ def _help(name: str) -> str:
         "max_agent_steps": "agent turns allowed per rollout (default: 1 on the family:* tasks, "
                            "8 on others)",
         "agent_timeout_s": "seconds an agent may run before the rollout times out",
-        "output_dir": "checkpoints, metrics, traces and outcomes go here",
+        "output_dir": "the run folder: checkpoints, metrics, traces and outcomes go here "
+                      "(default: a new runs/<UTC time>-train or -eval, linked as runs/latest; "
+                      "an existing non-empty folder is refused without --resume or --overwrite)",
+        "overwrite": "delete the files an earlier run left in --output-dir before starting",
+        "ready_timeout_s": "seconds to wait for --engine-url and --rollout-service to answer "
+                           "/health before giving up (they may still be loading a model)",
         "reward_fn": "rollout_reward_fn as pkg.module:function (or file.py:function)",
         "reward_funcs": "extra named reward functions: name=pkg.module:function*weight (repeatable)",
         "reward_key": "which key of a multi-reward reward.json is env_reward",
-        "resume": "resume from the latest checkpoint in --output-dir",
+        "resume": "continue the run in --output-dir from its latest checkpoint (e.g. "
+                  "--output-dir runs/latest)",
         "weight_sync": "push new weights into vLLM after each step (--no-weight-sync to skip)",
         "proxy_public_url": "public URL that remote sandboxes use to reach the capture proxy",
         "proxy_tunnel": "command that opens a tunnel to the proxy, with {url} (e.g. cloudflared)",
@@ -208,6 +225,9 @@ def _help(name: str) -> str:
         "rollouts_per_task": "(eval) rollouts per task",
         "shuffle_rewards": "control run: permute rewards within each group, so they no longer "
                            "follow actions (a loop that still learns has a bug)",
+        "train_unplaced_calls": "also train engine calls the capture could not place in the "
+                                "agent's own conversation (made with the agent's key by a "
+                                "command it ran; marked unplaced in the trace)",
         "shuffle_tasks": "train the tasks in a fresh order each epoch, seeded by --seed "
                          "(--no-shuffle-tasks: the split's order, neighbours in one step)",
         "eval_tasks": "tasks (same forms as --tasks) evaluated before and after training, with a "

@@ -8,8 +8,11 @@ sandboxes, agents, the capture proxy, the verifier) through the one implementati
 
     python -m harness.serve --engine-url http://127.0.0.1:8000 [--tasks bundled] [--port 8200]
         [--sandbox e2b --proxy-host 0.0.0.0 --proxy-port 8100 --proxy-public-url URL]
-    -> prints one JSON line {"url": ..., "key": ...}; every route but /health wants
+    -> prints one JSON line {"url", "pid", "proxy"} (never the key; --ready-file gets the key
+       too, written 0600 in a 0700 folder); every route but /health wants
        "Authorization: Bearer <key>" (the key: --key-file, $HARNESS_SERVICE_KEY, or made up)
+    It serves behind the capture proxy's guard (capture.guard: head size and read time, body
+    size and read time, connection cap).
 
 Where it runs: from the project venv (.venv: harbor, openenv), never in the trainer's process.
 `python -m harness.train` starts one itself (`spawn_service`, pointed at the engine it launched,
@@ -79,7 +82,7 @@ MAX_POLL_S = 30.0  # the longest a long poll holds a request open
 FACTORY_OPTIONS = frozenset({
     "split", "task_count", "harness", "sandbox", "model", "sampling", "max_tokens",
     "agent_timeout_s", "verifier_timeout_s", "max_steps", "reward_key", "max_attempts",
-    "backoff_s", "preinstalled",
+    "backoff_s", "preinstalled", "rollout_caps",
 })
 
 
@@ -347,8 +350,9 @@ def _service(request: Request) -> RolloutService:
 
 
 def _authorized(request: Request) -> bool:
-    given = request.headers.get("authorization", "")
-    return secrets.compare_digest(given, f"Bearer {_service(request).key}")
+    # As bytes: a header with non-ASCII characters is a wrong key (401), never a TypeError (500).
+    given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+    return secrets.compare_digest(given, f"Bearer {_service(request).key}".encode())
 
 
 def _route(handler: Any) -> Any:
@@ -601,7 +605,10 @@ def spawn_service(engine_url: str, workdir: Path, *, key: str | None = None,
 
     workdir = Path(workdir)
     (workdir / "tmp").mkdir(parents=True, exist_ok=True)
-    ready, log_path = workdir / "ready.json", workdir / "service.log"
+    private = workdir / "private"  # the ready file holds the key: a folder only we can enter
+    private.mkdir(mode=0o700, exist_ok=True)
+    private.chmod(0o700)
+    ready, log_path = private / "ready.json", workdir / "service.log"
     ready.unlink(missing_ok=True)
     key = key or secrets.token_urlsafe(32)
     env = {**os.environ, KEY_ENV: key, "TMPDIR": str(workdir / "tmp"),
@@ -634,6 +641,25 @@ def spawn_service(engine_url: str, workdir: Path, *, key: str | None = None,
     return service
 
 
+def write_ready(path: Path, ready: dict[str, Any]) -> None:
+    """Write the ready file (it holds the key) readable by its owner only, atomically (a reader
+    never sees half of it), in a folder only its owner can enter: made 0700 if missing, and
+    refused if it exists and others can enter or write it."""
+    folder = path.parent
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = folder.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise SystemExit(f"--ready-file {path}: its folder {folder} is open to other users "
+                         f"(mode {mode:o}); the file holds the service key. Put it in a folder "
+                         "of mode 0700 (chmod 700)")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(ready))
+    tmp.replace(path)
+
+
 # ---- command line --------------------------------------------------------------------------------
 
 
@@ -657,7 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8200, help="0 picks a free port")
     p.add_argument("--key-file", default=None, help=f"the bearer key (else ${KEY_ENV}, else new)")
     p.add_argument("--data-dir", default=None, help="the capture proxy's per-call log lives here")
-    p.add_argument("--ready-file", default=None, help="write {url, key} here once serving")
+    p.add_argument("--ready-file", default=None,
+                   help="write {url, key} here once serving (0600; its folder must be 0700)")
     p.add_argument("--result-ttl-s", type=float, default=3600.0)
     p.add_argument("--sandbox", default="local",
                    help="the sandboxes the capture proxy is exposed to (a remote one needs "
@@ -686,8 +713,14 @@ async def _serve(args: argparse.Namespace) -> None:
         proxy_port=args.proxy_port, proxy_public_url=args.proxy_public_url,
         proxy_tunnel=args.proxy_tunnel, sandbox=args.sandbox)
     service.start()
-    config = uvicorn.Config(create_app(service), host=args.host, port=args.port,
-                            log_level="warning", timeout_graceful_shutdown=5)
+    from capture.guard import Limits, guard_app, server_options
+
+    # The proxy's guard (capture.guard): h11's bound on a head, a head's read time, a body's size
+    # and read time, the connection cap. Bodies here are small JSON (a transcript to verify).
+    limits = Limits(max_body_bytes=16 * 1024 * 1024)
+    config = uvicorn.Config(guard_app(create_app(service), limits), host=args.host,
+                            port=args.port, log_level="warning", timeout_graceful_shutdown=5,
+                            proxy_headers=False, **server_options(limits))
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
     while not server.started:
@@ -697,14 +730,11 @@ async def _serve(args: argparse.Namespace) -> None:
         await asyncio.sleep(0.05)
     port = server.servers[0].sockets[0].getsockname()[1]
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    ready = {"url": f"http://{host}:{port}", "key": service.key, "pid": os.getpid(),
-             "proxy": service.proxy.url}
-    line = json.dumps(ready)
+    ready = {"url": f"http://{host}:{port}", "pid": os.getpid(), "proxy": service.proxy.url}
     if args.ready_file:
-        tmp = Path(args.ready_file + ".tmp")
-        tmp.write_text(line)
-        tmp.replace(args.ready_file)  # atomic: a reader never sees half a line
-    print(line, flush=True)
+        write_ready(Path(args.ready_file), {**ready, "key": service.key})
+    # The key is never printed: this line lands in logs (spawn_service's service.log).
+    print(json.dumps(ready), flush=True)
     try:
         await serving
     finally:

@@ -72,6 +72,19 @@ _STEP_POLL_S = 1.0  # how often the step guard asks the proxy for the turn count
 _KILLED_BY_SIGNAL = frozenset(128 + n for n in (1, 2, 9, 15))
 
 
+def _sandbox_died(exc: BaseException) -> str | None:
+    """Evidence when `exc` (or what it was raised from) is the sandbox's pid 1 dying under the
+    agent (SandboxDiedError: the local sandbox's host side saw it exit unasked); else None."""
+    from harness.sandboxes.errors import SandboxDiedError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, SandboxDiedError):
+            return f"the sandbox's pid 1 died while the agent ran: {seen}"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _is_windows(env: Any) -> bool:
     return str(getattr(env, "os", "linux")).lower().endswith("windows")
 
@@ -122,6 +135,8 @@ class SessionConfig:
     model: str = "tiny"
     sampling: dict[str, Any] = field(default_factory=dict)
     max_steps: int = 30
+    # capture.caps, kept by the proxy on every agent (None: default_caps of max_steps, max_tokens)
+    rollout_caps: dict[str, int | None] | None = None
     agent_timeout_s: float = 600.0
     verifier_timeout_s: float = 300.0
     reward_key: str | None = None
@@ -154,6 +169,9 @@ class HarborSession(ResourceSession):
         self.proxy_session_id: str | None = None
         self.rewards: dict[str, float] = {}
         self.tampered: list[str] = []  # evidence that the agent kept its grade from being fair
+        # The sandbox's pid 1 died under the agent (local sandbox: SandboxDiedError): only the
+        # agent's processes run beside it, so the rollout is scored `tampered`, never infra.
+        self.sandbox_died: str | None = None
         self.verifier_output: str | None = None  # the grader's stdout/stderr tail, for the record
         self.hit_step_limit = False
         self.killed_before_grading = 0  # processes the agent left running, killed before grading
@@ -239,9 +257,13 @@ class HarborSession(ResourceSession):
             self.timings["sandbox_start"] = time.monotonic() - t0
 
             t1 = time.monotonic()
+            from capture.caps import default_caps  # (capture is the service's; imported late)
+
             info = await cfg.proxy.create_session(
                 sampling=cfg.sampling,
                 step_limit=cfg.max_steps if cfg.agent_cls.PROXY_STEP_LIMIT else None,
+                caps=cfg.rollout_caps if cfg.rollout_caps is not None else default_caps(
+                    cfg.max_steps, cfg.sampling.get("max_tokens")),
                 metadata={
                     "task_id": self.task_id,
                     "seed": self.seed,
@@ -298,6 +320,9 @@ class HarborSession(ResourceSession):
         exc = task.exception()
         if exc is not None:
             raise exc
+        if self.sandbox_died is not None:
+            self.exit_code = -1
+            return self.exit_code
         assert self._agent is not None and self._agent.result is not None
         self.exit_code = self._agent.result.return_code
         calls, refused = await self._model_calls()
@@ -335,6 +360,8 @@ class HarborSession(ResourceSession):
             raise RuntimeError("verify() on a session that was never started or is closed")
         t0 = time.monotonic()
         try:
+            if self.sandbox_died is not None:
+                return self._tampered([self.sandbox_died])
             evidence = await self._prepare_grading()
             if evidence:
                 return self._tampered(evidence)
@@ -401,6 +428,10 @@ class HarborSession(ResourceSession):
         except HarnessError:
             raise
         except Exception as exc:
+            died = _sandbox_died(exc)
+            if died is not None:
+                self.sandbox_died = died
+                return [died]
             raise InfraError(
                 f"could not prepare the sandbox of {self.task_id} for grading: "
                 f"{type(exc).__name__}: {exc}"
@@ -494,7 +525,7 @@ class HarborSession(ResourceSession):
             trial_dir=trial_dir,
             name=f"{self._slug}-control-{uuid.uuid4().hex[:8]}",
             ro_binds={},
-            proxy_url=self.config.proxy.url,
+            proxy_url=await self.config.proxy.agent_url(),  # never the admin listener
         )
         env = None
         try:
@@ -564,7 +595,7 @@ class HarborSession(ResourceSession):
             trial_dir=self._trial_dir,
             name=f"{self._slug}-{(self.episode_id or uuid.uuid4().hex)[:8]}",
             ro_binds={str(p): str(p) for p in agent.host_paths()},
-            proxy_url=self.config.proxy.url,
+            proxy_url=await self.config.proxy.agent_url(),  # never the admin listener
         )
         try:
             self._env = self.config.sandbox.make(request)
@@ -594,6 +625,10 @@ class HarborSession(ResourceSession):
         except (HarnessError, asyncio.CancelledError):
             raise
         except Exception as exc:
+            died = _sandbox_died(exc)
+            if died is not None:
+                self.sandbox_died = died  # the agent's run ends here; a_verify scores it
+                return
             raise InfraError(
                 f"running {agent.NAME} in the sandbox failed: {type(exc).__name__}: {exc}"
             ) from exc

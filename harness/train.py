@@ -60,6 +60,7 @@ from harness.run_config import (
     parse_reward_funcs,
     settings_from_args,
 )
+from harness.run_dir import RunDirError, check_run_dir, fresh_run_dir, prepare_run_dir
 from harness.run_records import RecordingFactory, summary_tables
 from harness.stack import RunStack
 
@@ -136,6 +137,9 @@ def _follow(settings: RunSettings) -> dict:
     from launchers.models import resolve_model
     from trainer.grpo import HarnessAsyncGRPOTrainer
 
+    if settings.output_dir is None:  # rank 0's preflight says the same, with the fix
+        raise SettingsError(check_run_dir(None, "train"))
+
     # The same resolution as rank 0's (a hub id hits the cache rank 0 filled; pin a commit with
     # org/name@sha, or pass a snapshot directory as launchers/hf_jobs.py does, to rule out a
     # push landing between the ranks' lookups).
@@ -144,6 +148,22 @@ def _follow(settings: RunSettings) -> dict:
                                       args=settings.trainer_config())
     trainer.train()
     return {}
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _run_dir(settings: RunSettings, kind: str) -> Path:
+    """Create this run's folder (harness.run_dir: never over an earlier run's files) and record
+    the folder actually used in `settings.output_dir` (a runs/latest link resolved)."""
+    try:
+        run_dir = prepare_run_dir(settings.output_dir, kind, resume=settings.resume,
+                                  overwrite=settings.overwrite)
+    except RunDirError as exc:
+        raise SettingsError([str(exc)]) from exc
+    settings.output_dir = str(run_dir)
+    return run_dir
 
 
 def _no_rollouts(sampling: dict) -> None:
@@ -170,16 +190,31 @@ def weight_links(engine_url: str, backend: str | None, capture: Any) -> dict[str
     return {"weight_sync": sync, "on_version": None}
 
 
+def join_ranks(config: Any) -> None:
+    """Under torchrun, join every rank to the process groups now (a no-op on one process).
+
+    Called first, before rank 0 starts the engine, the rollout service and the "before"
+    evaluation (minutes): the followers then wait for rank 0 in the trainer's start-up barrier
+    (control group, `step_wait_timeout_s`), not in the rendezvous, which gives up after
+    `dist_timeout_s` (issue 30). `config` is the run's AsyncGRPOConfig."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from trainer.distributed import init_distributed
+
+        init_distributed(config.dist_timeout_s, config.step_wait_timeout_s)
+
+
 def run_training(settings: RunSettings, console: Console | None = None) -> dict:
     """Run a whole training job; returns the summary dict also written to <output-dir>/summary.json."""
     console = console or Console()
+    join_ranks(settings.trainer_config())
     if int(os.environ.get("RANK", "0")) != 0:
         return _follow(settings)
+    if settings.output_dir is None and not settings.resume and _world_size() == 1:
+        settings.output_dir = str(fresh_run_dir("train"))  # made below, once preflight passes
     problems = preflight(settings, train=True)
     if problems:
         raise SettingsError(problems)
-    run_dir = Path(settings.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = _run_dir(settings, "train")
     (run_dir / "settings.json").write_text(json.dumps(vars(settings), indent=1, default=str))
     console.print(f"[bold]view[/] python -m harness.view {run_dir}  (live while it runs)")
     timings: dict[str, float] = {}

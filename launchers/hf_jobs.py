@@ -31,7 +31,11 @@ How a job is built (huggingface_hub's `HfApi.run_job`, the same call `hf jobs ru
 What the job then runs (this same file, with --inside), one venv per side (venv_pythons):
 
     model        a hub --model is downloaded once (launchers.models) and both processes get
-                 the local snapshot: the same commit for the engine and the trainer
+                 the local snapshot: the same commit for the engine and the trainer; with no
+                 --model (flag or --config), both get the --harness's committed warm start
+                 (default_model), the directory harness.train itself would load
+    run folder   one --output-dir for the service's capture log and every trainer rank
+                 (default: a new runs/<UTC time>-train, chosen here once)
     GPU 0        vLLM (launchers.engine, NCCL weight-transfer backend), health-checked
     no GPU       the rollout service, from the project venv (.venv: harbor, openenv):
                  .venv/bin/python -m harness.serve --engine-url ... --sandbox e2b, its capture
@@ -86,6 +90,10 @@ CODE_MOUNT = "/harness-code"
 CODE_ARCHIVE = "harness.tar.gz"
 JOB_WORKDIR = "/tmp/harness"
 SECRET_NAMES = ("HF_TOKEN", "E2B_API_KEY")
+# harness.run_config.RunSettings' default --harness and launchers.warm_model's default model
+# folder (tests/test_same_weights.py checks both against the code that owns them).
+DEFAULT_HARNESS = "mini-swe-agent"
+WARM_MODEL_NAME = "tiny-qwen3-create-file"
 # The job's first command: unpack the code into a writable dir and hand over to this file. The
 # train args arrive as "$@" (bash -c SCRIPT NAME ARGS...), so no quoting is rebuilt by hand.
 BOOTSTRAP = (
@@ -246,6 +254,56 @@ def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return [*out, flag, value]
 
 
+def run_setting(train_args: list[str], flag: str) -> str | None:
+    """What `harness.train` will read for `flag`: the flag's value, else its key in the --config
+    YAML (flags override the file, as in harness.run_config), else None. The engine must see the
+    trainer's --model and --served-model-name whichever of the two gives them."""
+    value = _flag_value(train_args, flag)
+    if value is not None:
+        return value
+    config = _flag_value(train_args, "--config")
+    if not config or not Path(config).is_file():
+        return None  # a missing file: harness.train names it before anything loads
+    import yaml  # a dependency of huggingface_hub, so present under `uv run` too
+
+    try:
+        loaded = yaml.safe_load(Path(config).read_text()) or {}
+    except yaml.YAMLError:
+        return None  # harness.train reports the YAML error
+    if not isinstance(loaded, dict):
+        return None
+    name = flag[2:]
+    value = loaded.get(name, loaded.get(name.replace("-", "_")))
+    return None if value is None else str(value)
+
+
+def default_model(harness: str | None, root: str | Path = REPO) -> str:
+    """The directory `harness.train` loads when no --model is given (launchers.models.resolve_model
+    with None): the agent's own committed warm start where there is one, else mini-swe-agent's.
+    Read from the committed folders here, without importing launchers.models (it needs the project
+    venv; a submit runs under `uv run` with huggingface_hub alone). tests/test_same_weights.py
+    checks it against resolve_model for every --harness."""
+    harness = harness or DEFAULT_HARNESS
+    own = f"{WARM_MODEL_NAME}-{harness}"
+    name = own if (REPO / "models" / own / "BUILD.json").is_file() else WARM_MODEL_NAME
+    return str(Path(root) / "models" / name)
+
+
+def fresh_output_dir(kind: str = "train") -> str:
+    """A new run folder, named as harness.run_dir names one, chosen once by the launcher so the
+    service (its capture log) and every trainer rank write the same folder."""
+    return f"runs/{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{kind}"
+
+
+def with_run_model(train_args: list[str], root: str | Path = REPO) -> list[str]:
+    """`train_args` with an explicit --model (the flag, the --config file's, or the harness's
+    default) and --output-dir, so the engine, the service and every trainer rank agree."""
+    model = run_setting(train_args, "--model") or default_model(run_setting(train_args, "--harness"),
+                                                                root)
+    out = run_setting(train_args, "--output-dir") or fresh_output_dir()
+    return _with_flag(_with_flag(train_args, "--model", model), "--output-dir", out)
+
+
 def venv_pythons(root: str | Path, gpus: int) -> dict[str, str]:
     """Which venv runs which process. The project venv (.venv: harbor, openenv) runs the engine's
     launcher and the rollout service; the trainer runs from .trainer-venv on GPUs (vLLM's NCCL
@@ -260,18 +318,23 @@ def venv_pythons(root: str | Path, gpus: int) -> dict[str, str]:
 def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url: str | None,
                     python: str, trainer_python: str | None = None,
                     engine_port: int = ENGINE_PORT,
-                    service_port: int = SERVICE_PORT) -> dict[str, list[str]]:
+                    service_port: int = SERVICE_PORT,
+                    root: str | Path = REPO) -> dict[str, list[str]]:
     """The processes the job (or --local) starts, in order: engine, rollout service, trainer.
 
     `python` is the project venv's (engine launcher, rollout service), `trainer_python` the
-    trainer's (default: `python`). `train_args` already carry the resolved --model (a local
-    directory), so the engine and every trainer rank load the same files. The service and the
-    trainer share a key through $HARNESS_SERVICE_KEY (run_inside sets it).
+    trainer's (default: `python`). The engine and every trainer rank get the same explicit
+    --model: `train_args`' own (run_inside has already resolved a hub id to its local snapshot),
+    the --config file's, or, with neither, the directory harness.train would pick for the
+    --harness (default_model, under `root`: the checkout the job runs from). Without this the
+    engine served mini-swe-agent's warm start while an opencode trainer loaded opencode's. The
+    service and the trainer share a key through $HARNESS_SERVICE_KEY (run_inside sets it).
     """
+    train_args = with_run_model(train_args, root)
     engine_url = f"http://127.0.0.1:{engine_port}"
     engine = [python, "-m", "launchers.engine", "--host", "127.0.0.1", "--port", str(engine_port)]
     for flag in ("--model", "--served-model-name"):  # what the engine serves = what agents ask
-        value = _flag_value(train_args, flag)
+        value = run_setting(train_args, flag)
         if value:
             engine += [flag, value]
     engine += ["--weight-transfer-backend", "nccl" if gpus > 0 else "harness_gloo"]
@@ -279,8 +342,8 @@ def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url
     # under the run's output dir, as when harness.train starts it).
     service = [python, "-m", "harness.serve", "--engine-url", engine_url, "--host", "127.0.0.1",
                "--port", str(service_port), "--max-sessions",
-               _flag_value(train_args, "--max-concurrent-rollouts") or "4",
-               "--data-dir", _flag_value(train_args, "--output-dir") or "runs/latest"]
+               run_setting(train_args, "--max-concurrent-rollouts") or "6",
+               "--data-dir", run_setting(train_args, "--output-dir")]
     if not local:
         # 0.0.0.0: the agent routes only; the proxy keeps its admin routes on loopback.
         service += ["--sandbox", "e2b", "--proxy-host", "0.0.0.0", "--proxy-port", str(PROXY_PORT)]
@@ -324,9 +387,9 @@ def _setup(skip: bool, local: bool) -> None:
 
 def _resolve_model(python: str, train_args: list[str]) -> list[str]:
     """Download a hub --model once (project venv, launchers.models); pass its snapshot dir on."""
-    model = _flag_value(train_args, "--model")
+    model = run_setting(train_args, "--model")
     if not model:
-        return train_args
+        return train_args  # inside_commands gives every process the harness's default
     out = subprocess.run([python, "-m", "launchers.models", model], capture_output=True, text=True)
     if out.returncode != 0:
         raise LaunchError(out.stderr.strip() or f"resolving --model {model} failed")
@@ -488,7 +551,8 @@ def main(argv: list[str] | None = None) -> int:
             pythons = venv_pythons(JOB_WORKDIR, gpus=4)
             inside = inside_commands(train_args, gpus=4, local=False,
                                      public_url=f"https://$JOB_ID--{PROXY_PORT}.hf.jobs",
-                                     python=pythons["project"], trainer_python=pythons["trainer"])
+                                     python=pythons["project"], trainer_python=pythons["trainer"],
+                                     root=JOB_WORKDIR)
             print(json.dumps({"job": request, "code_files": len(code_files(Path(args.repo))),
                               "inside": {k: shlex.join(c) for k, c in inside.items()}}, indent=1))
             return 0

@@ -59,6 +59,8 @@ def test_the_agent_solves_a_bundled_task_to_a_trace_and_an_outcome(name, tiny_mo
     assert trace is not None  # a TrainingTrace: every turn's ids, logprobs and mask validated
     assert {t.metadata["dialect"] for t in trace.turns} == {AGENTS[name].DIALECT}
     assert all(t.metadata["sampling"] for t in trace.turns)  # the session's policy was enforced
+    # every call is the agent's own: none is unplaced (capture.placement), so all of it trains
+    assert not [t.node_id for t in trace.turns if t.metadata["unplaced"]]
     agent_turns = [t for t in trace.turns if not t.metadata["aux"]]
     assert len(agent_turns) == len(commands) + (0 if name in SUBMIT else 1), \
         [t.metadata["finish_reason"] for t in agent_turns]

@@ -68,7 +68,7 @@ def test_a_call_is_refused_from_its_head_before_any_body_byte_is_sent(client, pr
                           30_000_000))
         answer = read_until_closed(sock)
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
-    assert b"connection: close" in answer
+    assert b"connection: close" in answer.lower()
     body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert body["error"]["message"]  # in the dialect's own error shape
     if status == 401:
@@ -184,9 +184,9 @@ def test_on_loopback_admin_routes_share_the_one_listener(proxy):
 
 def test_a_proxy_that_cannot_run_the_guard_binds_nothing_and_says_why(fake, monkeypatch):
     # uvicorn without the protocol capture.guard wraps (a None in sys.modules fails its import)
-    monkeypatch.setitem(sys.modules, "uvicorn.protocols.http.auto", None)
+    monkeypatch.setitem(sys.modules, "uvicorn.protocols.http.h11_impl", None)
     server = CaptureServer(fake.url, host="0.0.0.0")
-    with pytest.raises(RuntimeError, match="read times"):
+    with pytest.raises(RuntimeError, match="bound request heads"):
         server.start()
     assert server._runner is None
 
@@ -266,12 +266,13 @@ def test_the_trainer_trains_masks_or_drops_a_truncated_turn_as_set(client, polic
         assert rows == [] and counts["truncated_rollout_dropped"] == 1
 
 
-def test_a_head_past_the_size_bound_gets_431_and_the_connection_closes(proxy):
+def test_a_head_past_the_size_bound_is_refused_and_the_connection_closes(proxy):
+    # h11's own bound (capture.guard.server_options): uvicorn answers 400 and closes
     with connect(proxy.url) as sock:
         sock.sendall(b"POST /s/x/v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-pad: "
                      + b"a" * (Limits().max_header_bytes + 4096))  # and no end of head
         answer = read_until_closed(sock)
-    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
 
 
 def test_a_large_body_sent_with_its_head_in_one_write_is_served(client, proxy, fake):

@@ -252,6 +252,30 @@ def test_python_m_capture_serves_and_writes_a_private_admin_key_file(fake, tmp_p
     assert process.returncode == 0
 
 
+def test_python_m_capture_never_prints_a_generated_admin_key(fake, tmp_path):
+    # No --admin-key-file: the generated key goes to <data-dir>/admin.key (0600), and stdout only
+    # names that file, so a log of the proxy's output never holds the key.
+    data_dir = tmp_path / "data"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "capture", "--engine-url", fake.url, "--port", "0",
+         "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        url = process.stdout.readline().split()[3]
+        key_line = process.stdout.readline().strip()
+        key_file = data_dir / "admin.key"
+        assert key_line == f"admin key in {key_file}"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        key = key_file.read_text().strip()
+        assert len(key) >= 32 and key not in key_line
+        assert CaptureClient(url, key).create_session().session_id
+    finally:
+        process.terminate()
+        out, _ = process.communicate(timeout=15)
+    assert key not in out
+
+
 def test_stats_report_turns_roots_and_trainable_tokens(client):
     info = client.create_session()
     conversation(info, 3)

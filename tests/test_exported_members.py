@@ -9,8 +9,8 @@ import importlib
 
 import pytest
 
-PACKAGES = ["harness", "harness.agents", "harness.sandboxes", "harness.tasks", "capture",
-            "capture.dialects", "trainer", "trainer.weight_sync", "launchers"]
+PACKAGES = ["harness", "harness.agents", "harness.audit", "harness.sandboxes", "harness.tasks",
+            "capture", "capture.dialects", "trainer", "trainer.weight_sync", "launchers"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -66,3 +66,17 @@ def test_the_dry_run_writes_every_figure_and_the_properties_hold(tmp_path: Path)
         sent = report[f"transfer/{kind}/tiny"]
         assert sent["bytes"] == stream["bytes"] and sent["checksums_match"], sent
         assert sent["GBps"] > 0 and sent["ratio_to_copy"] > 0
+
+    # Issue 30 (bench/gpu/sections.py): checkpointing recomputes without changing the step; a
+    # sharded save and a resume into a fresh trainer take the same next step.
+    memory = report["memory/tiny"]
+    assert memory["loss_abs_diff"] < 1e-6 and memory["on"]["how"] != "none"
+    ckpt = report["checkpoint/tiny"]
+    assert ckpt["bytes_on_disk"] > 0 and ckpt["next_loss_abs_diff"] < 1e-6
+    shared = report["shared/tiny"]
+    assert shared["dense"]["tokens_forwarded"] == shared["row_tokens"]
+    if "skipped" in shared:  # a tree without the prefix-shared forward says so
+        print(f"shared/tiny: {shared['skipped']}")
+    else:
+        assert shared["shared"]["tokens_forwarded"] < shared["dense"]["tokens_forwarded"]
+        assert shared["loss_abs_diff"] < 1e-4

@@ -212,7 +212,7 @@ def test_the_local_dry_run_uses_the_cpu_path() -> None:
     assert "--weight-transfer-backend harness_gloo" in out["engine"]
     assert "--proxy-host" not in out["trainer"] and "torch.distributed.run" not in out["trainer"]
     assert "--proxy-host" not in out["service"] and "--sandbox" not in out["service"]
-    assert out["trainer"].endswith("--harness mini-swe-agent")
+    assert "--harness mini-swe-agent" in out["trainer"]
     # CPU: the trainer runs from the project venv too (the gloo sync needs no vLLM in it).
     venv = str(REPO_ROOT / ".venv" / "bin" / "python")
     assert out["trainer"].startswith(venv + " -m harness.train")
@@ -301,5 +301,8 @@ def test_the_jobs_bootstrap_unpacks_the_code_and_passes_every_argument_intact(tm
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     trainer = shlex.split(json.loads(run.stdout)["trainer"])
-    assert trainer[-len(train_args):] == train_args  # no word split, no expansion
+    # No word split, no expansion; the launcher adds the run's --output-dir after the user's
+    # arguments (the given --model, already last, stays as given).
+    assert trainer[-len(train_args) - 2:-2] == train_args
+    assert trainer[-2] == "--output-dir" and trainer[-1].startswith("runs/")
     assert (work / "launchers" / "hf_jobs.py").exists()  # the writable copy it ran from

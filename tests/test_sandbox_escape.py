@@ -370,10 +370,11 @@ async def test_kill_processes_ends_agent_leftovers_before_grading(sandbox: Bwrap
 
 async def test_filling_the_private_root_is_no_space_for_the_writer_not_an_oom() -> None:
     # The root is a tmpfs (RAM charged to the sandbox's memory cgroup) capped at half the
-    # memory cap: 256 MiB of memory -> a 128 MiB root. A runaway write gets ENOSPC, and the
-    # sandbox, and so the verifier, keeps working.
+    # memory cap: 256 MiB of memory -> 128 MiB of disk (the root and /dev/shm together). A
+    # runaway write gets ENOSPC, and the sandbox, and so the verifier, keeps working.
     limits = SandboxLimits(memory_mb=256, disk_mb=4096)
-    assert limits.root_size_bytes() == 128 << 20
+    assert limits.disk_bytes() == 128 << 20
+    assert limits.root_size_bytes() + limits.shm_size_bytes() == 128 << 20
     box = BwrapSandbox(SandboxSpec(limits=limits), name="fill")
     await box.start()
     try:

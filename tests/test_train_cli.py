@@ -110,7 +110,8 @@ def test_every_shipped_config_file_loads_and_passes_the_trainer_validation() -> 
 def test_preflight_reports_every_problem_at_once_before_anything_starts(monkeypatch) -> None:
     monkeypatch.delenv("E2B_API_KEY", raising=False)
     settings = RunSettings(harness="codex", sandbox="e2b", tasks="/nonexistent",
-                           reward_fn="nope.module:fn", engine_url="http://127.0.0.1:9", steps=0)
+                           reward_fn="nope.module:fn", engine_url="http://127.0.0.1:9", steps=0,
+                           ready_timeout_s=1.0)  # nothing listens on port 9: no 600 s wait
     problems = preflight(settings, train=True)
     text = "\n".join(problems)
     assert "--tasks '/nonexistent'" in text

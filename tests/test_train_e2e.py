@@ -74,7 +74,7 @@ def test_ctrl_c_stops_the_engine_and_the_rollout_service_it_started(tmp_path: Pa
         while "rollout service" not in log.read_text() and time.monotonic() < deadline:
             assert train.poll() is None, log.read_text()[-3000:]
             time.sleep(1)
-        assert (out / "service" / "ready.json").exists(), log.read_text()[-3000:]
+        assert (out / "service" / "private" / "ready.json").exists(), log.read_text()[-3000:]
         train.send_signal(signal.SIGINT)  # what Ctrl-C sends the command
         # Either status is a clean Ctrl-C exit (a shell shows both as $? 130): main returns 130,
         # but under `python -m` CPython 3.12 ends the process by SIGINT itself after a

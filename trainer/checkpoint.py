@@ -1,10 +1,19 @@
 """Checkpoints: everything needed to continue a run exactly where its data stood.
 
     <output_dir>/checkpoint-<step>/
-        model/              HF layout (config + safetensors): servable by vLLM as is
-        trainer_state.pt    optimizer, scheduler, RNG states, step, policy version,
-                            next_group_index (the rollout position)
+        dcp/                model + AdamW state, sharded (torch.distributed.checkpoint): each
+                            rank writes its own shards, no rank ever holds the whole state
+        trainer_state.pt    scheduler, step, policy version, next_group_index (the rollout
+                            position), world size (rank 0)
+        rng/rank-<r>.pt     each rank's RNG states
     <output_dir>/latest     name of the newest complete checkpoint
+    <output_dir>/model/     HF layout (config + safetensors), exported once when training ends:
+                            servable by vLLM, loadable by from_pretrained (`export_model`)
+
+Why sharded: a full checkpoint gathers the fp32 model and both AdamW moments on rank 0's CPU,
+~48 GB at 4B and ~390 GB at 32B, and resume made every rank load the whole blob. With DCP each
+rank writes and reads only its shard (resharded on load when the rank count changed), and saves
+come every `save_steps` (and after the last step), not every step.
 
 The rollout position is the point: groups are numbered, group g runs with seed g (on the task
 its index, the seed and the epoch pick: trainer/producer.py), and the trainer consumes them in
@@ -15,25 +24,34 @@ kill are rerun, never skipped (their rollouts are lost: a rollout cannot be chec
 half-way through an agent's run).
 
 A checkpoint is written to `<name>.tmp` and renamed when complete, then `latest` is rewritten:
-a kill during a save leaves the previous checkpoint as latest. Under FSDP every rank enters the
-gathers (collectives) and rank 0 writes.
+a kill during a save leaves the previous checkpoint as latest. Under FSDP every rank writes its
+shards into the same directory (a shared filesystem across nodes); DCP's own coordination and
+the barriers here run on the control group (gloo, `step_wait_timeout_s`), because writing a
+large model can outlast the step collectives' timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from trainer.checkpoint_prune import prune_checkpoints
 from trainer.distributed import DistInfo, full_state_dict
 from trainer.errors import CheckpointError
 
-__all__ = ["TrainerState", "find_latest", "load_checkpoint", "save_checkpoint"]
+__all__ = ["TrainerState", "export_model", "find_latest", "load_checkpoint", "save_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +80,23 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _optimizer_state(model, optimizer, dist_info: DistInfo) -> dict | None:
-    if not dist_info.distributed:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+def _barrier(dist_info: DistInfo) -> None:
+    if dist_info.distributed:
+        dist.barrier(group=dist_info.control_group)
 
-    osd = get_optimizer_state_dict(model, optimizer,
-                                   options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return osd if dist_info.is_main else None
+
+def _group(dist_info: DistInfo) -> Any:
+    """DCP's coordination group: the control one (long timeout); None on a single process."""
+    return dist_info.control_group if dist_info.distributed else None
+
+
+@contextlib.contextmanager
+def _single_process_quiet(dist_info: DistInfo) -> Iterator[None]:
+    """DCP warns on every single-process save/load that it assumes one process: it is one."""
+    with warnings.catch_warnings():
+        if not dist_info.distributed:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def save_checkpoint(
@@ -80,43 +107,60 @@ def save_checkpoint(
     scheduler: Any,
     state: TrainerState,
     dist_info: DistInfo,
-    tokenizer: Any = None,
     total_limit: int | None = None,
 ) -> Path:
-    """Save a checkpoint (every rank calls this; rank 0 writes). Returns its directory."""
+    """Save a sharded checkpoint (every rank calls this and writes its shards). Returns its path."""
     root = Path(output_dir)
     name = f"checkpoint-{state.step}"
     final = root / name
-    model_sd = full_state_dict(model, dist_info)
-    optim_sd = _optimizer_state(model, optimizer, dist_info)
+    tmp = root / f"{name}.tmp"
     if dist_info.is_main:
-        tmp = root / f"{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "model").mkdir(parents=True)
-        model.save_pretrained(tmp / "model", state_dict=model_sd)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp / "model")
+        tmp.mkdir(parents=True)
+    _barrier(dist_info)  # the directory exists before any rank writes into it
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # sharded (DTensor) under FSDP2
+    with _single_process_quiet(dist_info):
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp",
+                 process_group=_group(dist_info), no_dist=not dist_info.distributed)
+    (tmp / "rng").mkdir(exist_ok=True)
+    torch.save(_rng_state(), tmp / "rng" / f"rank-{dist_info.rank}.pt")
+    _barrier(dist_info)  # every rank's RNG file is in
+    if dist_info.is_main:
         torch.save({
             "state": asdict(state),
-            "optimizer": optim_sd,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "rng": _rng_state(),
             "world_size": dist_info.world_size,
         }, tmp / "trainer_state.pt")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         (root / "latest.tmp").write_text(name)
         (root / "latest.tmp").replace(root / "latest")
-        if total_limit is not None:
-            olds = sorted((p for p in root.glob("checkpoint-*") if p.suffix != ".tmp"),
-                          key=lambda p: int(p.name.split("-")[1]))
-            for old in olds[:-total_limit]:
-                shutil.rmtree(old, ignore_errors=True)
-    if dist_info.distributed:
-        # On the control group: the others wait here while rank 0 writes (minutes for a large
-        # model), longer than the step collectives' timeout allows.
-        torch.distributed.barrier(group=dist_info.control_group)
+        if total_limit is not None:  # by write order, never the one just written
+            prune_checkpoints(root, total_limit, keep=final)
+    _barrier(dist_info)  # nobody reads `latest` before it names this checkpoint
     return final
+
+
+def export_model(output_dir: str | Path, *, model: torch.nn.Module, dist_info: DistInfo,
+                 tokenizer: Any = None) -> Path | None:
+    """The final model in HF layout at <output_dir>/model (rank 0 writes; every rank calls it).
+
+    Under FSDP2 the full state dict is gathered to rank 0's CPU, one parameter at a time
+    (get_model_state_dict(full_state_dict=True, cpu_offload=True)): host memory for one model
+    copy, once per run. Written to model.tmp and renamed, so a kill leaves no half export."""
+    target = Path(output_dir) / "model"
+    model_sd = full_state_dict(model, dist_info)
+    if dist_info.is_main:
+        tmp = target.with_name("model.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp, state_dict=model_sd)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    _barrier(dist_info)
+    return target if dist_info.is_main else None
 
 
 def find_latest(output_dir: str | Path) -> Path | None:
@@ -135,46 +179,41 @@ def load_checkpoint(
     scheduler: Any,
     dist_info: DistInfo,
 ) -> TrainerState:
-    """Restore model, optimizer, scheduler and RNG in place; return the trainer state."""
+    """Restore model, optimizer, scheduler and RNG in place (each rank its shards); return the
+    trainer state. Every rank calls this."""
     path = Path(path)
-    if not (path / "trainer_state.pt").exists() or not (path / "model").exists():
-        raise CheckpointError(f"{path} is not a complete checkpoint (needs model/ and "
+    if not (path / "trainer_state.pt").exists() or not (path / "dcp" / ".metadata").exists():
+        raise CheckpointError(f"{path} is not a complete checkpoint (needs dcp/ and "
                               "trainer_state.pt); pass a checkpoint-<step> directory or "
                               "resume_from_checkpoint=True to use <output_dir>/latest")
     blob = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-    missing_fields = sorted({"state", "optimizer", "scheduler", "rng", "world_size"} - set(blob))
+    missing_fields = sorted({"state", "scheduler", "world_size"} - set(blob))
     if missing_fields:
         raise CheckpointError(f"{path}/trainer_state.pt lacks {missing_fields}: it was not "
                               "written by this trainer's save_checkpoint")
-    from safetensors.torch import load_file
-
-    files = sorted((path / "model").glob("*.safetensors"))
-    model_sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        model_sd.update(load_file(str(f)))
-    # Keys: checked on every rank against the model's own (FSDP2 keeps the unwrapped names),
-    # before anything is loaded, so a wrong checkpoint fails on all ranks alike.
-    problem = _key_problem(path, set(model_sd), model)
+    # Keys: from the checkpoint's metadata (no tensor read), checked on every rank against the
+    # model's own (FSDP2 keeps the unwrapped names) before anything loads, so a wrong
+    # checkpoint fails on all ranks alike and leaves the model untouched.
+    metadata = dcp.FileSystemReader(str(path / "dcp")).read_metadata()
+    saved = {k.removeprefix("model.") for k in metadata.state_dict_metadata
+             if k.startswith("model.")}
+    problem = _key_problem(path, saved, model)
     if problem:
         raise CheckpointError(problem)
     _check_world_size(path, blob["world_size"], dist_info)
-    if not dist_info.distributed:
-        model.load_state_dict(model_sd, strict=False)  # keys checked above (tied ones absent)
-        optimizer.load_state_dict(blob["optimizer"])
-    else:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-        set_model_state_dict(model, model_sd if dist_info.is_main else {}, options=opts)
-        set_optimizer_state_dict(model, optimizer,
-                                 blob["optimizer"] if dist_info.is_main else {}, options=opts)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    target = {"model": model_sd, "optimizer": optim_sd}
+    with _single_process_quiet(dist_info):
+        dcp.load(target, checkpoint_id=path / "dcp", process_group=_group(dist_info),
+                 no_dist=not dist_info.distributed)
+    set_state_dict(model, optimizer, model_state_dict=target["model"],
+                   optim_state_dict=target["optimizer"])
     if scheduler is not None and blob["scheduler"] is not None:
         scheduler.load_state_dict(blob["scheduler"])
-    _set_rng_state(blob["rng"])
+    rng = path / "rng" / f"rank-{dist_info.rank}.pt"
+    if not rng.exists():  # more ranks than were saved: a new rank starts from rank 0's RNG
+        rng = path / "rng" / "rank-0.pt"
+    _set_rng_state(torch.load(rng, map_location="cpu", weights_only=False))
     return TrainerState(**blob["state"])
 
 
@@ -191,14 +230,14 @@ def _key_problem(path: Path, saved: set[str], model: torch.nn.Module) -> str | N
 
 
 def _check_world_size(path: Path, saved: Any, dist_info: DistInfo) -> None:
-    """Model and optimizer are saved whole (unsharded), so another world size can load them; the
-    loss is then summed in another order, so the run is not bit-identical to an unbroken one."""
+    """DCP reshards model and optimizer to another rank count on load; the loss is then summed
+    in another order, so the run is not bit-identical to an unbroken one."""
     if not isinstance(saved, int) or isinstance(saved, bool) or saved < 1:
         raise CheckpointError(f"{path}: world_size {saved!r} in trainer_state.pt is not a rank "
                               "count; the file is damaged or not from this trainer")
     if saved != dist_info.world_size:
         log.warning("%s was saved by %d rank(s) and is resumed on %d: model and optimizer are "
-                    "whole-state and load as is; losses will differ from an uninterrupted run in "
+                    "resharded on load; losses will differ from an uninterrupted run in "
                     "the last digits (another summation order)", path, saved,
                     dist_info.world_size)
 

@@ -35,7 +35,9 @@ class AsyncGRPOConfig:
     num_generations: int = 8  # rollouts per group (one task, one seed)
     groups_per_step: int = 1  # groups consumed by one optimizer step
     max_concurrent_rollouts: int = 8  # rollouts in flight at once (the trainer's own bound)
-    vllm_server_base_url: str | None = None  # engine the agents talk to (for logs; sync uses it)
+    # Refused when set: the trainer never talks to the engine itself. Point the session factory
+    # at the engine and pass weight_sync=VLLMWeightSync(url, ...) (kept for TRL's name only).
+    vllm_server_base_url: str | None = None
     temperature: float = 1.0  # sampling temperature, also used to score tokens in the loss
     max_tokens: int | None = 4096  # per-call completion cap enforced by the capture proxy
     # Visit train_dataset in a fresh order each epoch, seeded by `seed` (TRL's shuffle_dataset);
@@ -68,6 +70,9 @@ class AsyncGRPOConfig:
     # A turn a token limit cut (the capture marks it truncated): "train" it as sampled, "mask" its
     # completion, or "drop" the rollout's rows (its reward stays in the baseline). trainer/rows.py
     truncated_turns: Literal["train", "mask", "drop"] = "train"
+    # A turn the capture could not place in the agent's own conversation (capture.placement: a
+    # call the policy made itself with the session key) makes no rows unless this is True.
+    train_unplaced_calls: bool = False
     # --- packing ------------------------------------------------------------------------------
     max_tokens_per_microbatch: int = 8192  # padding-free token budget of one forward
     # --- memory (issue 30) ----------------------------------------------------------------------
@@ -87,9 +92,18 @@ class AsyncGRPOConfig:
     step_wait_timeout_s: float = 6 * 3600.0  # how long ranks > 0 wait for rank 0's next step
     # --- outputs ------------------------------------------------------------------------------
     output_dir: str = "outputs/grpo"
-    save_steps: int = 0  # checkpoint every N steps (0: only at the end)
+    # start-up and checkpoints (issue 30)
+    # Sharded (torch.distributed.checkpoint) checkpoint every N steps and after the last step
+    # (0: only after the last). Each costs a write of model + AdamW state (~16 bytes/parameter).
+    save_steps: int = 50
     save_total_limit: int | None = 2  # checkpoints kept on disk
-    logging_steps: int = 1
+    export_model: bool = True  # the final model in HF layout at <output_dir>/model (rank 0)
+    # FSDP2: reduce-scatter gradients after every micro-batch instead of once after the last.
+    # Once (False) saves a collective per micro-batch but holds each unit's UNSHARDED gradient
+    # (compute dtype) until the step's last backward: 2 bytes/parameter on every GPU, e.g. 64 GB
+    # at 32B, which does not fit beside a 32B shard on 80 GB GPUs: set True there.
+    reduce_grads_per_microbatch: bool = False
+    logging_steps: int = 1  # metrics sinks get every N-th step (and the last); history all
     report_to: Literal["none", "jsonl", "trackio", "wandb"] = "jsonl"
     run_name: str | None = None
     project: str = "harness"
@@ -166,10 +180,14 @@ class AsyncGRPOConfig:
         if self.epsilon_high is not None and self.epsilon_high <= 0:
             p.append(f"epsilon_high={self.epsilon_high!r}: must be > 0, or None")
         upper = 1 + (self.epsilon_high if self.epsilon_high is not None else self.epsilon)
-        if self.is_cap < upper:
+        if self.is_cap <= upper:
+            # At equality the clipped branch and the truncated one tie for a negative-advantage
+            # token with r = C, and torch.min passes the unclipped branch's gradient through:
+            # dloss/dlogp was measured at -0.64 where the clip must make it 0.
             p.append(
-                f"is_cap={self.is_cap!r}: must be >= 1 + epsilon_high ({upper:g}); a cap inside "
-                "the clip range would truncate tokens the trust region still trusts"
+                f"is_cap={self.is_cap!r}: must be > 1 + epsilon_high ({upper:g}); a cap at or "
+                "inside the clip range truncates tokens the trust region still trusts, and at "
+                "equality the clipped gradient leaks"
             )
         if self.beta < 0:
             p.append(f"beta={self.beta!r}: must be >= 0 (0 disables the reference model)")
@@ -177,6 +195,14 @@ class AsyncGRPOConfig:
             p.append(f"truncated_turns={self.truncated_turns!r}: choose train, mask or drop")
         if self.staleness_rule not in STALENESS_RULES:
             p.append(f"staleness_rule={self.staleness_rule!r}: choose one of {STALENESS_RULES}")
+        if not isinstance(self.reduce_grads_per_microbatch, bool):
+            p.append(f"reduce_grads_per_microbatch={self.reduce_grads_per_microbatch!r}: must "
+                     "be True or False")
+        if self.vllm_server_base_url is not None:
+            p.append(f"vllm_server_base_url={self.vllm_server_base_url!r}: the trainer never "
+                     "talks to the engine itself, so it would be ignored; point the session "
+                     "factory at the engine and pass weight_sync=VLLMWeightSync(url, backend) "
+                     "to push weights, and leave this None")
         if self.report_to not in REPORT_TO:
             p.append(f"report_to={self.report_to!r}: choose one of {REPORT_TO}")
         if self.dtype not in ("auto", "float32", "bfloat16"):

@@ -7,6 +7,10 @@ else (the loop has no CPU or GPU branch: the same code runs on gloo in the tests
 - device: cuda:<LOCAL_RANK> when CUDA is available, else cpu;
 - backend: "cpu:gloo,cuda:nccl" on CUDA (each tensor goes to the backend of its device: the
   step's tensors are on the GPU and cross on NCCL, pickled objects cross on gloo), "gloo" on CPU;
+- start-up: `init_distributed` may be called early (harness.train joins every rank before rank
+  0 starts its engine and evaluation) and again by the trainer, which then gets the same groups;
+  the trainer's first act is `wait_for_all_ranks` on the control group, so the followers wait
+  for a late rank 0 there, never on the short step timeout;
 - two groups: the default one for the step's collectives, with a bounded timeout
   (`dist_timeout_s`), and a gloo "control" group through which rank 0 hands each step's rows to
   the others. The control group waits longer (`step_wait_timeout_s`), because the other ranks
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -51,6 +56,7 @@ __all__ = [
     "init_distributed",
     "placement",
     "shard_model",
+    "wait_for_all_ranks",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,6 +96,9 @@ def init_distributed(dist_timeout_s: float = 600.0,
     `dist_timeout_s` bounds every collective of a step (a hung rank ends the others after it);
     `step_wait_timeout_s` bounds how long ranks other than 0 wait for rank 0's next step.
     """
+    global _JOINED
+    if _JOINED is not None and dist.is_initialized() and _JOINED[0] is dist.group.WORLD:
+        return _JOINED[1]  # joined already (harness.train joins before its long start-up)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -111,7 +120,31 @@ def init_distributed(dist_timeout_s: float = 600.0,
                    f"{dist_timeout_s:g} s, followers wait {step_wait_timeout_s:g} s for a step")
     if rank == 0:
         log.info("trainer placement: %s", reason)
-    return DistInfo(rank, world, local, device, reason, backend if world > 1 else "", control)
+    info = DistInfo(rank, world, local, device, reason, backend if world > 1 else "", control)
+    if world > 1:
+        _JOINED = (dist.group.WORLD, info)
+    return info
+
+
+# (the default group it was made for, the DistInfo): a second init_distributed in the same
+# process group returns the first one's groups instead of creating another control group.
+_JOINED: tuple[Any, DistInfo] | None = None
+
+
+def wait_for_all_ranks(dist_info: DistInfo, what: str) -> None:
+    """Every rank waits here until all have arrived, for up to `step_wait_timeout_s`.
+
+    Rank 0 may arrive minutes after the others: it starts the engine, the rollout service and
+    the held-out "before" evaluation first. The wait is on the control group (gloo, long
+    timeout), so the step collectives' short `dist_timeout_s` never covers it, and a rank that
+    never comes is named in the error (monitored_barrier)."""
+    if not dist_info.distributed:
+        return
+    t0 = time.monotonic()
+    dist.monitored_barrier(group=dist_info.control_group, wait_all_ranks=True)
+    waited = time.monotonic() - t0
+    if waited > 1.0:
+        log.info("rank %d waited %.0f s for every rank (%s)", dist_info.rank, waited, what)
 
 
 def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:

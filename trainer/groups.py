@@ -66,6 +66,7 @@ def prepare_group(
     dispatch_version: int,
     shuffle_seed: int | None = None,
     truncated: str = "train",
+    train_unplaced: bool = False,
 ) -> PreparedGroup:
     """Score, baseline and row-ify one group's rollout results (harness RolloutResult-like)."""
     g = PreparedGroup(group_index=group_index)
@@ -126,7 +127,8 @@ def prepare_group(
             continue
         rid = str(getattr(r, "episode_id", None) or id(r))
         rows, report = trace_to_rows(r.trace, rollout_id=rid, group_index=group_index,
-                                     dispatch_version=dispatch_version, truncated=truncated)
+                                     dispatch_version=dispatch_version, truncated=truncated,
+                                     train_unplaced=train_unplaced)
         g.findings.update(report.counts())
         g.sampled_tokens += report.sampled_tokens
         g.rows.extend(rows)

@@ -45,13 +45,20 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from trainer.checkpoint import TrainerState, find_latest, load_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    TrainerState,
+    export_model,
+    find_latest,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainer.config import AsyncGRPOConfig
 from trainer.distributed import (
     DistInfo,
     broadcast_object,
     fail_fast,
     init_distributed,
+    wait_for_all_ranks,
 )
 from trainer.errors import ConfigError
 from trainer.groups import PreparedGroup, append_group_records, group_metrics, prepare_group
@@ -125,6 +132,8 @@ class HarnessAsyncGRPOTrainer:
         _check_dataset(train_dataset)
         self.train_dataset = train_dataset
         self.dist: DistInfo = init_distributed(args.dist_timeout_s, args.step_wait_timeout_s)
+        # Before any step collective: rank 0 may come minutes late (engine, "before" eval).
+        wait_for_all_ranks(self.dist, "trainer start-up")
         random.seed(args.seed)
         torch.manual_seed(args.seed)
 
@@ -182,7 +191,12 @@ class HarnessAsyncGRPOTrainer:
     def save(self) -> Path:
         return save_checkpoint(self.args.output_dir, model=self.model, optimizer=self.optimizer,
                                scheduler=self.scheduler, state=self.state, dist_info=self.dist,
-                               tokenizer=self.tokenizer, total_limit=self.args.save_total_limit)
+                               total_limit=self.args.save_total_limit)
+
+    def export(self) -> Path | None:
+        """The trained model in HF layout at <output_dir>/model (every rank; rank 0 writes)."""
+        return export_model(self.args.output_dir, model=self.model, dist_info=self.dist,
+                            tokenizer=self.tokenizer)
 
     # -- the outer loop --------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
@@ -195,8 +209,12 @@ class HarnessAsyncGRPOTrainer:
             if not self.dist.is_main:
                 while self._follower_step():
                     pass
-                return []
-            return asyncio.run(self._train_main())
+                history = []
+            else:
+                history = asyncio.run(self._train_main())
+            if self.args.export_model:
+                self.export()
+            return history
         except BaseException as exc:
             fail_fast(self.dist, exc)
             raise
@@ -262,7 +280,8 @@ class HarnessAsyncGRPOTrainer:
                              scale_rewards=self.args.scale_rewards,
                              dispatch_version=f.dispatch_version,
                              shuffle_seed=self.args.seed if self.args.shuffle_rewards else None,
-                             truncated=self.args.truncated_turns)
+                             truncated=self.args.truncated_turns,
+                             train_unplaced=self.args.train_unplaced_calls)
 
     def _prepare_and_step(self, finished: list, names: list[str], save: bool) -> dict[str, float]:
         t0 = time.perf_counter()

@@ -83,11 +83,19 @@ def _pack_budget(model: torch.nn.Module, rows: list[Row], budget: int) -> int:
     the square of the whole pack: four 1,400-token rows forward+backward packed took 2.95 s a row
     against 0.24 s each alone (tiny model, 1 thread, measured 2026-12-01). Capping the pack at
     the longest row keeps every micro-batch's attention no bigger than that row's own, while
-    short rows still share. GPUs keep the configured budget (varlen flash attention packs free).
+    short rows still share. GPUs keep the configured budget; there the pack is free only with a
+    varlen kernel (flash_attention_2/3 installed): transformers' sdpa builds the same dense
+    N x N block-causal mask on GPU, so its attention also grows with the square of the pack.
     """
     if rows and next(model.parameters()).device.type == "cpu":
         return max(1, min(budget, max(len(r.input_ids) for r in rows)))
     return budget
+
+
+def device_sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously); nothing to do on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
@@ -115,7 +123,11 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
     metrics: dict[str, float] = {**stale.metrics(), **pack.metrics()}
     t_prepared = time.perf_counter()
 
-    # 4. Forward/backward every micro-batch, accumulating gradients and stat sums.
+    # 4. Forward/backward every micro-batch, accumulating gradients and stat sums. The sums stay
+    #    on the device (no host sync per micro-batch); under FSDP2 gradients are reduce-scattered
+    #    once, after the last micro-batch (earlier ones accumulate unsharded gradients locally:
+    #    one reduce-scatter a step instead of one per micro-batch, for the memory of the
+    #    unsharded gradients; `reduce_grads_per_microbatch=True` trades back, see config.py).
     t_compute = 0.0
     sums = dict.fromkeys(STAT_KEYS, 0.0)
     loss_total = 0.0
@@ -125,8 +137,13 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
         torch.set_grad_enabled(True)
         trainer.model.train()
         trainer.optimizer.zero_grad(set_to_none=True)
-        for mb in mine:
-            t0 = time.perf_counter()
+        no_sync = None if args.reduce_grads_per_microbatch else \
+            getattr(trainer.model, "set_requires_gradient_sync", None)  # FSDP2 only
+        acc = torch.zeros(1 + len(STAT_KEYS), dtype=torch.float64, device=dist_info.device)
+        t0 = time.perf_counter()
+        for i, mb in enumerate(mine):
+            if no_sync is not None:
+                no_sync(i == len(mine) - 1)
             mb = mb.to(dist_info.device)
             logp, entropy = microbatch_logprobs(trainer.model, mb, args.temperature,
                                                 autocast=trainer.autocast_dtype,
@@ -142,23 +159,23 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
                 logp, mb.behaviour_logprobs, mb.advantages, mb.token_weight,
                 loss_type=args.loss_type, epsilon=args.epsilon, epsilon_high=args.epsilon_high,
                 is_cap=args.is_cap, beta=args.beta, ref_logp=ref_logp, entropy=entropy,
+                stats_tensor=True,
             )
             # FSDP averages gradients over ranks, but token_weight already normalises over the
             # whole step (all ranks), so each rank's share must be summed: undo the average.
             (loss * dist_info.world_size if dist_info.distributed else loss).backward()
-            t_compute += time.perf_counter() - t0
-            loss_total += float(loss.detach())
-            for k, v in stats.items():
-                sums[k] += v
+            acc[0] += loss.detach().double()
+            acc[1:] += stats.to(acc.device)
+        # The clock stops when the device has run the backward, not when the host queued it.
+        device_sync(dist_info.device)
+        t_compute = time.perf_counter() - t0
 
         # 5. Add the ranks' sums up, clip, and take ONE optimizer step: version v -> v + 1.
         #    The sums cross on the process group's device (NCCL has no CPU tensors).
         if dist_info.distributed:
-            packed = torch.tensor([loss_total, *sums.values()], dtype=torch.float64,
-                                  device=dist_info.device)
-            dist.all_reduce(packed)
-            loss_total, *vals = packed.tolist()
-            sums = dict(zip(STAT_KEYS, vals, strict=True))
+            dist.all_reduce(acc)
+        loss_total, *vals = acc.tolist()
+        sums = dict(zip(STAT_KEYS, vals, strict=True))
         t0 = time.perf_counter()
         max_norm = args.max_grad_norm if args.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), max_norm)
@@ -179,6 +196,7 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
                             state.step, loss_total, grad_norm, state.policy_version,
                             state.nonfinite_steps)
         trainer.optimizer.zero_grad(set_to_none=True)
+        device_sync(dist_info.device)
         t_optim = time.perf_counter() - t0
         metrics["grad_norm"] = grad_norm
         metrics["steps/empty"] = 0.0

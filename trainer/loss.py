@@ -158,12 +158,15 @@ def policy_loss(
     beta: float = 0.0,
     ref_logp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    stats_tensor: bool = False,
+) -> tuple[torch.Tensor, dict[str, float] | torch.Tensor]:
     """Weighted sum of per-token losses (a scalar with grad) and detached stat SUMS.
 
     All inputs are [K] over the trainable tokens of one micro-batch. `token_weight` carries the
     normalisation (sums to 1 over the whole step), so the step's loss is the sum over its
     micro-batches. Stats are sums; divide by stats["tokens"] after adding micro-batches up.
+    `stats_tensor=True` returns them as one float64 tensor [len(STAT_KEYS)] on the logits'
+    device instead, so a training loop can add micro-batches up without a host sync each.
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     log_ratio = logp - behaviour_logp  # [K]  log(pi_theta / mu)
@@ -208,5 +211,7 @@ def policy_loss(
             (lr64.abs() * live).sum(),
             zero if kl_ref is None else (kl_ref.detach().double() * live).sum(),
         ])  # [9]
+        if stats_tensor:
+            return loss, sums
         stats = dict(zip(STAT_KEYS, sums.tolist(), strict=True))
     return loss, stats

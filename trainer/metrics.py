@@ -91,14 +91,20 @@ class _TrackingSink:
 
 
 class MetricsWriter:
-    def __init__(self, sinks: list[Any]):
+    """Sends every `every`-th step's metrics to the sinks (`logging_steps`), and the last step
+    logged at `close()` if it fell between (so a run's final numbers always land)."""
+
+    def __init__(self, sinks: list[Any], every: int = 1):
         self.sinks = sinks
+        self.every = max(int(every), 1)
+        self._pending: tuple[int, dict[str, float]] | None = None
 
     @classmethod
     def create(cls, config: Any, *, enabled: bool, start_step: int = 0,
                console: bool = True) -> MetricsWriter:
+        every = getattr(config, "logging_steps", 1)
         if not enabled:
-            return cls([])
+            return cls([], every)
         sinks: list[Any] = []
         if console:
             sinks.append(ConsoleSink(config.max_steps, start_step))
@@ -107,13 +113,22 @@ class MetricsWriter:
         if config.report_to in ("trackio", "wandb"):
             sinks.append(_TrackingSink(config.report_to, config.project, config.run_name,
                                        config.to_dict()))
-        return cls(sinks)
+        return cls(sinks, every)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if step % self.every:
+            self._pending = (step, metrics)
+            return
+        self._pending = None
         for sink in self.sinks:
             sink.log(step, metrics)
 
     def close(self) -> None:
+        if self._pending is not None:
+            step, metrics = self._pending
+            self._pending = None
+            for sink in self.sinks:
+                sink.log(step, metrics)
         for sink in self.sinks:
             sink.close()
         self.sinks = []

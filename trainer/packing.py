@@ -4,7 +4,11 @@ Rows are concatenated into one sequence per micro-batch (batch dimension 1) and 
 restart at 0 for each row. HF transformers (>= 4.56; 5.x here) detects the restarts when
 `attention_mask` is None and no cache is used, and builds a block-causal mask for sdpa/eager
 (`masking_utils.find_packed_sequence_indices`), or passes varlen boundaries to flash attention.
-So no row ever attends to another and no pad token is forwarded. tests/test_trainer_packing.py
+So no row ever attends to another and no pad token is forwarded. On sdpa (the default where
+flash-attn is not installed) that mask is a dense N x N tensor over the whole pack: attention
+cost grows with the square of the pack, not of each row (trainer/loop.py caps CPU packs for
+that reason). Only a varlen kernel (flash_attention_2/3) skips the cross-row blocks; the
+prefix-shared forward (issue 30) builds its own tree mask. tests/test_trainer_packing.py
 checks packed logprobs equal per-row logprobs on the tiny model.
 
 Only the positions that predict a trainable token are projected to the vocabulary
@@ -86,6 +90,8 @@ class PackStats:
     tokens_forwarded: int = 0
     trainable_tokens: int = 0
     microbatches: int = 0
+    budget: int = 0  # the token budget the micro-batches were packed under
+    fill_tokens: int = 0  # tokens forwarded, an over-budget micro-batch counted as `budget`
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -95,7 +101,9 @@ class PackStats:
             "packing/microbatches": float(self.microbatches),
             "tokens/forwarded": float(self.tokens_forwarded),
             "tokens/trained": float(self.trainable_tokens),
-            "packing/fill": self.tokens_forwarded / max(self.microbatches, 1),
+            # Tokens forwarded over the budget the micro-batches could hold: 1.0 = every
+            # micro-batch full. An over-budget row counts as one full micro-batch.
+            "packing/fill_frac": self.fill_tokens / max(self.microbatches * self.budget, 1),
         }
 
 
@@ -111,9 +119,11 @@ def pack_rows(
 
     `norm` sets `token_weight` so that summing weight * per-token loss over ALL micro-batches of
     the step gives the step's loss: "token" = mean over every trainable token of the step;
-    "sequence" = mean over rows of each row's token mean (GRPO's original per-sample mean).
+    "sequence" = mean over ROLLOUTS of each rollout's token mean (GRPO's original per-sample
+    mean). A rollout whose history was rewritten becomes several rows; it still counts once
+    (rows of one rollout share `group_index` and `rollout_id`).
     """
-    stats = PackStats()
+    stats = PackStats(budget=budget)
     live = []
     for row, mask, adv in zip(rows, masks, advantages, strict=True):
         n = sum(mask)
@@ -122,7 +132,11 @@ def pack_rows(
             continue
         live.append((row, mask, adv, n))
     total_tokens = sum(n for *_, n in live)
-    total_rows = len(live)
+    rollout_tokens: dict[tuple[int, str], int] = {}  # trainable tokens per rollout (all rows)
+    for row, _, _, n in live:
+        key = (row.group_index, row.rollout_id)
+        rollout_tokens[key] = rollout_tokens.get(key, 0) + n
+    total_rollouts = len(rollout_tokens)
     bins: list[list[tuple]] = []
     room: list[int] = []
     for item in sorted(live, key=lambda it: len(it[0]), reverse=True):
@@ -153,7 +167,10 @@ def pack_rows(
             offset = len(ids)
             ids.extend(row.input_ids)
             pos.extend(range(len(row)))
-            w = 1.0 / total_tokens if norm == "token" else 1.0 / (n * total_rows)
+            if norm == "token":
+                w = 1.0 / total_tokens
+            else:
+                w = 1.0 / (rollout_tokens[(row.group_index, row.rollout_id)] * total_rollouts)
             # j >= 1 always: position 0 of a row is prompt context (validated in rows.py).
             index.extend([offset + j - 1 for j in compress(range(len(mask)), mask)])
             targets.extend(compress(row.input_ids, mask))
@@ -174,5 +191,6 @@ def pack_rows(
             n_rows=len(items),
             n_tokens=len(ids),
         ))
+        stats.fill_tokens += min(len(ids), budget)  # an over-budget row fills its own, no more
     stats.microbatches = len(out)
     return out, stats

@@ -224,13 +224,16 @@ def _versions(meta: dict, fallback: int, tag: str, report: RowsReport) -> tuple[
 
 def trace_to_rows(
     trace: Any, *, rollout_id: str = "", group_index: int = -1, dispatch_version: int = 0,
-    truncated: str = "train",
+    truncated: str = "train", train_unplaced: bool = False,
 ) -> tuple[list[Row], RowsReport]:
     """Turn one rollout's TrainingTrace (object or its JSON dict) into rows, losslessly.
 
     Raises CaptureError listing every FATAL finding. Rows with no trainable token are returned
     too (their tokens are usage); the packer leaves them out of the forward and counts them.
     `truncated`: what a turn a token limit cut does (module docstring): "train", "mask", "drop".
+    `train_unplaced`: whether a turn the capture marked `unplaced` (a call outside the agent's own
+    conversation, capture.placement) makes rows; by default it is left out, counted as
+    `unplaced_turn_left_out`.
     """
     if truncated not in TRUNCATED_POLICIES:
         raise ValueError(f"truncated must be one of {TRUNCATED_POLICIES}, got {truncated!r}")
@@ -262,6 +265,11 @@ def trace_to_rows(
     rows: list[Row] = []
     for index, c in enumerate(checked):
         node, prompt, completion, logps, comp_mask, meta = c
+        if meta.get("unplaced") is True and not train_unplaced:
+            report.add(WARN, "unplaced_turn_left_out", f"turn {index} ({node}): not in the "
+                       "agent's own conversation (capture.placement); no rows "
+                       "(train_unplaced_calls=False)")
+            continue
         if truncated == "mask" and _truncated(meta) and any(comp_mask):
             comp_mask = [0] * len(comp_mask)
             report.add(INFO, "truncated_turn_masked", f"turn {index} ({node}): cut by a token "

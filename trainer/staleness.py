@@ -37,6 +37,10 @@ class StalenessStats:
     dropped_tokens: int = 0  # over bound and dropped by rule "drop"
     staleness_sum: int = 0
     staleness_max: int = 0
+    # Sampled by a version NEWER than the trainer's (the capture was told a version the trainer
+    # has not reached: a resumed run on an engine that kept later weights, a wrong stamp). Age 0
+    # in the mean, but counted: a number silently clamped hides a broken version chain.
+    ahead_tokens: int = 0
 
     def metrics(self) -> dict[str, float]:
         n = max(self.trainable_tokens, 1)
@@ -46,6 +50,7 @@ class StalenessStats:
             "staleness/stale_token_frac": self.stale_tokens / n,
             "staleness/over_bound_tokens": float(self.over_bound_tokens),
             "staleness/dropped_tokens": float(self.dropped_tokens),
+            "staleness/ahead_tokens": float(self.ahead_tokens),
         }
 
 
@@ -64,7 +69,10 @@ def apply_staleness(
         if not versions:
             masks.append(row.loss_mask)
             continue
-        ages = [max(policy_version - v, 0) for v in versions]
+        raw = [policy_version - v for v in versions]
+        ahead = sum(1 for a in raw if a < 0)
+        stats.ahead_tokens += ahead
+        ages = [max(a, 0) for a in raw] if ahead else raw
         stats.trainable_tokens += len(ages)
         stats.staleness_sum += sum(ages)
         stats.staleness_max = max(stats.staleness_max, max(ages))

@@ -21,6 +21,7 @@ that a timeout still leaves what was measured:
     moved      per shape: the share of weights one lr-1e-6 step changes: fp32 master weights,
                their bf16 cast (what the engine is sent), and (0.6B, tiny) an fp32-compute
                reference from the same init and rows, with the cosine between the two updates
+    memory, shared, checkpoint   issue 30's sections: bench/gpu/sections.py
     transfer   the full bf16 weights of the largest shape streamed by push_weights into a second
                process: NCCL broadcast when two GPUs are visible (NCCL refuses two ranks on one
                GPU: "Duplicate GPU detected", NCCL >= 2.5), and a CUDA IPC staging buffer (what
@@ -64,6 +65,9 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 COMMON = {"vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1_000_000.0,
           "rms_norm_eps": 1e-6, "max_position_embeddings": 40960}
+# check.sh ends this process at 480 s; a section of sections.py starts only before this, so the
+# JSON is written whole (the slowest, the sharded save of 0.6B, took well under a minute).
+SECTIONS_START_BY_S = 390.0
 # Dense bf16 peak FLOP/s by device name (vendor datasheets, without sparsity).
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
 
@@ -98,7 +102,9 @@ class _NoRollouts:
 
 
 def build_trainer(shape: str, device: torch.device, dtype: str, lr: float, out: Path,
-                  budget: int) -> Any:
+                  budget: int, **settings: Any) -> Any:
+    """The project's trainer on a random-init model of `shape`; `settings`: more AsyncGRPOConfig
+    fields (bench/gpu/sections.py switches checkpointing and prefix sharing with them)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from trainer.config import AsyncGRPOConfig
@@ -110,7 +116,7 @@ def build_trainer(shape: str, device: torch.device, dtype: str, lr: float, out: 
         model = Qwen3ForCausalLM(config)
     args = AsyncGRPOConfig(dtype=dtype, learning_rate=lr, num_generations=2, max_steps=10**6,
                            max_tokens_per_microbatch=budget, report_to="none",
-                           output_dir=str(out / f"{shape}-{dtype}"))
+                           output_dir=str(out / f"{shape}-{dtype}"), **settings)
     return HarnessAsyncGRPOTrainer(model, lambda sampling: _NoRollouts(), args)
 
 
@@ -210,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="timed train steps per shape")
     args = parser.parse_args(argv)
     out_path = Path(args.out)
+    started = time.monotonic()
     report: dict[str, Any] = {"dry_run": args.dry_run, "started": time.strftime("%FT%TZ", time.gmtime())}
 
     def save() -> None:
@@ -280,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         del trainer
         if cuda:
             torch.cuda.empty_cache()
+    # Issue 30: memory with activation checkpointing off/on, dense against prefix-shared step
+    # time, sharded save and resume (bench/gpu/sections.py), inside check.sh's 8 minutes.
+    from bench.gpu.sections import run as issue30_sections
+
+    issue30_sections(section, build_trainer, device, tmp, dry_run=args.dry_run, vocab=vocab,
+                     make_rows=make_rows, deadline=started + SECTIONS_START_BY_S)
     # The layout (issue 17): the trainer side runs without the rollout side's packages, as in
     # .trainer-venv, where they are not installed at all.
     report["env"]["rollout_side_modules"] = sorted(

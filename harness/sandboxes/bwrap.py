@@ -58,6 +58,16 @@ What is covered
   sitecustomize of the system Python) is read-only, and BASH_ENV, ENV, PYTHONPATH,
   PYTHONSTARTUP, LD_PRELOAD come only from the host (BASE_ENV, the task's config): the agent
   can set no variable of a later command, and a non-interactive `#!/bin/bash` reads no rc file.
+- The grader's own machinery (THREAT_MODEL.md, issue 29): /dev is read-only for the sandbox's
+  whole life (its fd/stdin/stdout/stderr links are the kernel's; the host's device nodes are
+  remounted read-only by pid 1, which then drops the only two capabilities it had; /dev/shm is
+  a capped tmpfs of its own, part of disk_mb); the grader's Python gets grader_site.py as its
+  sitecustomize (GRADING_ENV's PYTHONPATH): a module it can find outside the work dir is never
+  taken from the work dir; the scratch space (/tmp, /var/tmp, /run) is emptied and toolchain
+  config at / (local.TOOLCHAIN_HOOKS: /node_modules, /package.json, /go.mod, /.git, ...) put
+  back as the image had it, unless the task declares it (task.toml [metadata]
+  harness_outputs); these two are reported, not evidence. pid 1 outlives a connection flood
+  (reserved descriptor, relay cap); if it dies anyway, the rollout is `tampered`.
 - Harbor's own Trial gets the same reset: the environment runs it itself at the verifier's
   first step (its reward-file removal, an `empty_dirs`/`reset_dirs` of the verifier dir, or an
   upload to /tests) whenever anything else ran since the last reset, and its test command
@@ -97,16 +107,18 @@ What is not covered
   with a file under /tests.
 - What a grader invites stays the task's: the verifier runs in the work dir (as `docker exec`
   does, and graders rely on it), so `python -m pytest` or `python -c` there puts the agent's
-  dir first on sys.path (an /app/pytest.py, or an /app/re.py shadowing the standard library,
-  runs in the grader); PYTHONSAFEPATH would close that but silently fail graders that import
-  the agent's code from the work dir, so it is not set. Likewise a pytest run on tests inside
+  dir first on sys.path: grader_site.py keeps the grader's own modules (the standard
+  library's, pytest) from being shadowed there, but a module only the work dir has is the
+  agent's (that is how graders import the answer), and a grader run with -I/-S/-E or a task
+  that sets PYTHONPATH itself opts out. PYTHONSAFEPATH would drop the dir and fail graders that
+  import the agent's code, so it is not set. Likewise a pytest run on tests inside
   the work dir reads the agent's conftest.py and config there; a task that puts an
   agent-writable dir on PATH or PYTHONPATH (Dockerfile ENV), sets BASH_ENV to a file in the
   writable root, or has its grader `source` a file the agent can write, runs what the agent
   left there; a git grader in the agent's repo still runs the filters and diff drivers its
   .git/config and .gitattributes name (hooks and fsmonitor are off). Files the image's build
   wrote to the writable root (a venv under /opt, say) are the agent's to change, as in docker.
-  Graders that write fixed names under /tmp can meet the agent's symlinks there.
+  Entries the image put in /tmp (and toolchain dirs the image has at /) are not reset.
 
 Harbor's other backends (docker, e2b, modal, daytona), under a Harness session
 - The session takes a baseline of the environment's own processes (pid and start time) after
@@ -155,6 +167,7 @@ from harness.sandboxes.errors import (
 from harness.sandboxes.limits import SandboxLimits
 from harness.sandboxes.local import BwrapSandbox, GradingReset, SandboxSpec, grading_env
 from harness.sandboxes.mounts import resolved_tool_binds
+from harness.sandboxes.outputs import declared_outputs
 from harness.sandboxes.ports import parse_forward, url_forward
 
 __all__ = ["BwrapEnvironment"]
@@ -190,6 +203,7 @@ class BwrapEnvironment(BaseEnvironment):
         self._limits = limits or SandboxLimits()
         self._base_dir = Path(base_dir) if base_dir else None
         self._recipe = EnvironmentRecipe()
+        self._outputs: tuple[str, ...] = ()  # task.toml's [metadata] harness_outputs
         self.sandbox: BwrapSandbox | None = None
         # Grading state: whether anything but grading ran since the last reset, each reset's
         # report, and each command since the last reset with its exit code (the verifier's,
@@ -218,6 +232,7 @@ class BwrapEnvironment(BaseEnvironment):
         return EnvironmentCapabilities(disable_internet=True)
 
     def _validate_definition(self) -> None:
+        self._outputs = declared_outputs(self.environment_dir.parent / "task.toml")
         dockerfile = self.environment_dir / "Dockerfile"
         if dockerfile.exists():
             self._recipe = parse_dockerfile(dockerfile, self.environment_dir)
@@ -314,6 +329,8 @@ class BwrapEnvironment(BaseEnvironment):
         if self._is_verifier_test_command(command):
             # The grader's environment (local.GRADING_ENV) under the task's own variables.
             extra = grading_env(merged, self.sandbox.spec.env)
+            # grader_site.py: the work dir's modules never shadow the grader's own
+            extra["HARNESS_GRADER_WORKDIR"] = self.workdir
             merged = {**extra, **(merged or {})}
         result = await self.sandbox.exec(
             ["/bin/sh", "-c", command],
@@ -339,7 +356,7 @@ class BwrapEnvironment(BaseEnvironment):
         """
         if self.sandbox is None:
             raise SandboxStartError(f"{self.session_id}: prepare_grading before start()")
-        reset = await self.sandbox.prepare_grading()
+        reset = await self.sandbox.prepare_grading(outputs=self._outputs)
         self._agent_ran = False
         self.commands_since_reset = []
         self.grading_resets.append(reset)

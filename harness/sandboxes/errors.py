@@ -6,7 +6,9 @@
     ├── SandboxStartError            the sandbox process did not come up
     ├── SandboxClosedError           an operation on a sandbox that was stopped or never started
     ├── SandboxExecError             the command channel broke (not: the command failed)
-    │   └── SandboxExecTimeoutError  the command ran past its deadline and was killed
+    │   ├── SandboxExecTimeoutError  the command ran past its deadline and was killed
+    │   └── SandboxDiedError         the sandbox's pid 1 died without our asking: the agent's
+    │                                doing (nothing else runs in there), so the session scores it
     ├── SandboxPathError             a path the sandbox cannot read or write (read-only bind, ...)
     └── ExposeError                  the proxy cannot be made reachable from a remote sandbox
 
@@ -21,6 +23,7 @@ __all__ = [
     "ExposeError",
     "SandboxClosedError",
     "SandboxDefinitionError",
+    "SandboxDiedError",
     "SandboxError",
     "SandboxExecError",
     "SandboxExecTimeoutError",
@@ -62,6 +65,21 @@ class SandboxExecTimeoutError(SandboxExecError, RuntimeError):
         self.timeout_s = timeout_s
         self.stdout = stdout
         self.stderr = stderr
+
+
+class SandboxDiedError(SandboxExecError):
+    """The sandbox's pid 1 (its supervisor) exited while nobody on the host had stopped it.
+
+    Only the agent's processes run beside it, and it outlives anything they can send it
+    (signals, floods of connections, exhausted descriptors): the session scores such a rollout
+    `tampered` (0.0, inside the baseline), never infra_failure (issue 29). `status` is bwrap's
+    exit status, `log_tail` the end of the supervisor's log (host-side: out of the agent's reach).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, log_tail: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.log_tail = log_tail
 
 
 class SandboxPathError(SandboxError):

@@ -55,11 +55,22 @@ class SandboxLimits:
     # With a memory cap it is held to half of it, so a full root leaves room to grade.
     disk_mb: int = 2048
 
-    def root_size_bytes(self) -> int:
+    def disk_bytes(self) -> int:
+        """Everything the sandbox may write: its root plus its /dev/shm (both RAM)."""
         disk = self.disk_mb
         if self.memory_mb:
             disk = min(disk, max(64, self.memory_mb // 2))
         return disk << 20
+
+    def shm_size_bytes(self) -> int:
+        """The sandbox's /dev/shm (a tmpfs of its own): an eighth of the disk, at most 64 MiB.
+
+        Counted in disk_mb: the root gets the rest. The rest of /dev is read-only.
+        """
+        return min(64 << 20, self.disk_bytes() // 8)
+
+    def root_size_bytes(self) -> int:
+        return self.disk_bytes() - self.shm_size_bytes()
 
     def rlimits(self) -> dict[str, int]:
         """The rlimits the supervisor sets on itself (and so on every command)."""

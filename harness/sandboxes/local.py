@@ -28,8 +28,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import functools
-import hashlib
 import io
 import json
 import logging
@@ -47,18 +45,39 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from harness.sandboxes.channel import OutputSink, PortForwarder, RawExecResult, run_command
 from harness.sandboxes.errors import (
     SandboxClosedError,
+    SandboxDiedError,
     SandboxExecError,
     SandboxExecTimeoutError,
     SandboxPathError,
     SandboxStartError,
     SandboxUnavailableError,
 )
+from harness.sandboxes.grading_state import (
+    GRADER_PYTHON_DIR,
+    GRADING_ENV,
+    GRADING_HOME,
+    GRADING_HOOKS,
+    GRADING_PATHS,
+    GRADING_SCRATCH,
+    MIN_FREE_BYTES,
+    MIN_FREE_INODES,
+    TOOLCHAIN_HOOKS,
+    GradingReset,
+    grading_env,
+)
 from harness.sandboxes.limits import ProcessCgroup, SandboxLimits
-from harness.sandboxes.mounts import BASE_PATH, bwrap_argv, usr_links
+from harness.sandboxes.mounts import BASE_PATH, DEV_NODES, bwrap_argv, usr_links
+from harness.sandboxes.supervisor_build import (
+    SANDBOX_PYTHON,
+    compiled_supervisor,
+    default_base_dir,
+    grader_python_dir,
+)
 
 __all__ = [
     "BASE_ENV",
@@ -66,24 +85,32 @@ __all__ = [
     "GRADING_HOME",
     "GRADING_HOOKS",
     "GRADING_PATHS",
+    "GRADING_SCRATCH",
+    "GRADER_PYTHON_DIR",
+    "MIN_FREE_BYTES",
+    "MIN_FREE_INODES",
+    "TOOLCHAIN_HOOKS",
     "BwrapSandbox",
     "GradingReset",
     "SandboxSpec",
     "check_bwrap_available",
+    "compiled_supervisor",
     "default_base_dir",
     "grading_env",
 ]
 
 logger = logging.getLogger(__name__)
 
-_SUPERVISOR_PATH = Path(__file__).with_name("supervisor.py")
 _SUPERVISOR_DIR_IN_SANDBOX = "/run/harness-supervisor"
 _SUPERVISOR_STUB = (
     f"import sys; sys.path.insert(0, {_SUPERVISOR_DIR_IN_SANDBOX!r}); "
     "import supervisor; supervisor.main()"
 )
-_SANDBOX_PYTHON = "/usr/bin/python3"
+_SANDBOX_PYTHON = SANDBOX_PYTHON
 _READY_TIMEOUT_S = 20.0
+# A supervisor op (kill everything, the grading reset) that takes longer than this means pid 1
+# is wedged or dying: waiting on forever would hang the grading (issue 29, finding 10).
+_OP_TIMEOUT_S = 120.0
 _LIVE: set[BwrapSandbox] = set()  # started, not yet stopped (strong refs: stop them at exit)
 
 # The only variables a command sees besides the spec's and the caller's: no host secrets pass.
@@ -98,106 +125,6 @@ BASE_ENV = {
     "SHELL": "/bin/sh",
     "IS_SANDBOX": "1",
 }
-
-
-# The grader's HOME: fresh and empty at every grading, so nothing the agent left in a HOME (a
-# usercustomize.py or .pth in the user site, ~/.bashrc, ~/.gitconfig, a `uv` in ~/.local/bin)
-# reaches the grader's tools. World-writable (sticky), for a task whose verifier user is not root.
-GRADING_HOME = "/run/harness-grading-home"
-
-# What the verifier depends on, parents first: (path, mode, wipe). /tests, /logs/verifier and
-# the grader's HOME are made fresh before grading; /, /logs, /run only have to be real dirs.
-GRADING_PATHS: tuple[tuple[str, int, bool], ...] = (
-    ("/", 0o755, False),
-    ("/logs", 0o755, False),
-    ("/tests", 0o755, True),
-    ("/logs/verifier", 0o755, True),
-    ("/run", 0o755, False),
-    (GRADING_HOME, 0o1777, True),
-)
-
-# Files the grader's tools read uninvited from an ancestor of /tests (/ is the only one, and /
-# is writable): pytest takes its rootdir and config from the first of these it finds walking up
-# from the tests (findpaths.locate_config, then setup.py), and a config there moves its
-# confcutdir to / so that /conftest.py is loaded too: one plugin that passes every test. Each
-# is put back as the image had it (absent, nearly always) before grading.
-GRADING_HOOKS: tuple[str, ...] = tuple(
-    "/" + name
-    for name in (
-        "conftest.py",
-        "pytest.toml",
-        ".pytest.toml",
-        "pytest.ini",
-        ".pytest.ini",
-        "pyproject.toml",
-        "tox.ini",
-        "setup.cfg",
-        "setup.py",
-    )
-)
-
-# Variables every grading command gets unless the task's own config sets them (the task's are
-# its invitation; the agent can set none of them: each command's environment comes from the
-# host). HOME: see GRADING_HOME. PYTHONNOUSERSITE: no user site even for a grader that sets
-# HOME back. GIT_CONFIG_*: a grader running git in the agent's repo runs no hook the repo's
-# .git names and no fsmonitor command (env-given config outranks the repo's own config).
-GRADING_ENV: dict[str, str] = {
-    "HOME": GRADING_HOME,
-    "PYTHONNOUSERSITE": "1",
-    "GIT_CONFIG_COUNT": "2",
-    "GIT_CONFIG_KEY_0": "core.hooksPath",
-    "GIT_CONFIG_VALUE_0": "/dev/null",
-    "GIT_CONFIG_KEY_1": "core.fsmonitor",
-    "GIT_CONFIG_VALUE_1": "false",
-}
-
-
-def grading_env(*task_envs: Mapping[str, str] | None) -> dict[str, str]:
-    """GRADING_ENV less the keys any of the task's own environments set."""
-    taken = {k for env in task_envs for k in (env or {})}
-    return {k: v for k, v in GRADING_ENV.items() if k not in taken}
-
-
-# Free space below which a grade cannot be trusted to be written (reward file, test logs).
-MIN_FREE_BYTES = 1 << 20
-MIN_FREE_INODES = 64
-
-
-@dataclass
-class GradingReset:
-    """What `BwrapSandbox.prepare_grading()` did and found.
-
-    killed:     processes of the sandbox that were SIGKILLed (the agent's and their leftovers)
-    survivors:  processes still alive at the deadline (never expected: the kill is namespace-wide)
-    found:      agent state in or above the grading dirs, now removed (pre-written reward, a
-                planted /tests, a symlink or lock in their place)
-    errors:     paths that could not be reset
-    free_bytes / free_inodes: the sandbox root's free space after the reset (-1: not reported)
-    """
-
-    killed: int
-    survivors: list[str]
-    found: list[str]
-    errors: list[str]
-    free_bytes: int
-    free_inodes: int
-
-    @property
-    def evidence(self) -> list[str]:
-        """Why a grade of this sandbox cannot be trusted to the agent's credit (empty: none).
-
-        Everything here is state the agent left: the sandbox starts with fresh grading dirs and
-        only the agent ran in it before grading. Processes it left running are not evidence
-        (they are killed, and a server left behind is ordinary); a full disk is, since the
-        verifier then cannot write its grade.
-        """
-        out = [f"process survived SIGKILL: {p}" for p in self.survivors]
-        out += self.found + [f"could not reset {e}" for e in self.errors]
-        if 0 <= self.free_bytes < MIN_FREE_BYTES:
-            out.append(f"the sandbox's disk was full ({self.free_bytes} bytes free)")
-        if 0 <= self.free_inodes < MIN_FREE_INODES:
-            out.append(f"the sandbox's disk was out of inodes ({self.free_inodes} free)")
-        return out
 
 
 @dataclass
@@ -217,63 +144,6 @@ class SandboxSpec:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     seed: Mapping[str, Path] = field(default_factory=dict)
     hostname: str = "sandbox"
-
-
-def default_base_dir() -> Path:
-    """Where a sandbox's host-side dir (control socket, relay sockets, log) and the compiled
-    supervisor go: $HARNESS_SANDBOX_DIR, else /dev/shm, else the temp dir.
-
-    Measured here: creating and removing a few dirs took ~30 ms on the VM's disk under load and
-    under 1 ms on /dev/shm. Only sockets and a small log live there; the sandbox's own files
-    live in its tmpfs root, inside its mount namespace.
-    """
-    override = os.environ.get("HARNESS_SANDBOX_DIR")
-    if override:
-        path = Path(override)
-    else:
-        shm = Path("/dev/shm")
-        fast = False
-        if shm.is_dir() and os.access(shm, os.W_OK):
-            st = os.statvfs(shm)
-            fast = st.f_bavail * st.f_frsize >= 2 << 30
-        path = shm / "harness-sandboxes" if fast else Path(tempfile.gettempdir())
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@functools.lru_cache(maxsize=1)
-def compiled_supervisor() -> Path:
-    """A dir with supervisor.py and its bytecode for the sandbox's python3, built once per host.
-
-    Passing the source with `-c` made every start compile it again (~3-10 ms of CPU measured
-    here); the sandbox imports the cached .pyc instead. Keyed by the source's hash, so an edit
-    makes a new one; bound read-only, so nothing inside can change what the next start runs.
-    """
-    source = _SUPERVISOR_PATH.read_bytes()
-    base = default_base_dir()
-    target = base / f"supervisor-{hashlib.sha256(source).hexdigest()[:16]}"
-    if (target / ".complete").exists():
-        return target
-    staging = Path(tempfile.mkdtemp(prefix=".supervisor-", dir=base))
-    (staging / "supervisor.py").write_bytes(source)
-    compile_it = "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)"
-    result = subprocess.run(
-        [_SANDBOX_PYTHON, "-I", "-S", "-c", compile_it, str(staging / "supervisor.py")],
-        capture_output=True,
-        timeout=120,
-    )
-    if result.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise SandboxUnavailableError(
-            f"{_SANDBOX_PYTHON} could not compile the sandbox supervisor (it needs Python >= "
-            f"3.9): {result.stderr.decode(errors='replace')[-500:]}"
-        )
-    (staging / ".complete").touch()
-    try:
-        staging.rename(target)
-    except OSError:  # another process got there first: theirs is identical
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def check_bwrap_available() -> None:
@@ -351,17 +221,23 @@ class BwrapSandbox:
             "ctl_fd": self._ctl.fileno(),
             "forward": forward_map,
             "limits": self.spec.limits.rlimits(),
+            "dev_nodes": list(DEV_NODES),
         }
         info_r, info_w = os.pipe()
         payload = marshal.dumps(config, 4).hex()  # the supervisor reads marshal, not JSON
         compiled = compiled_supervisor()
-        ro_binds = {**self.spec.ro_binds, str(compiled): _SUPERVISOR_DIR_IN_SANDBOX}
+        ro_binds = {
+            **self.spec.ro_binds,
+            str(compiled): _SUPERVISOR_DIR_IN_SANDBOX,
+            str(grader_python_dir()): GRADER_PYTHON_DIR,
+        }
         command = [_SANDBOX_PYTHON, "-I", "-S", "-c", _SUPERVISOR_STUB, payload]
         workdir = PurePosixPath(self.spec.workdir)
         if not workdir.is_absolute() or ".." in workdir.parts:
             raise SandboxPathError(f"workdir must be absolute without '..': {workdir}")
         argv = bwrap_argv(
             root_size_bytes=self.spec.limits.root_size_bytes(),
+            shm_size_bytes=self.spec.limits.shm_size_bytes(),
             dirs=[
                 "/tmp",
                 "/root",
@@ -411,11 +287,29 @@ class BwrapSandbox:
             )
         self._child_pid = int(json.loads(info.split(b"}")[0] + b"}")["child-pid"])
 
+    @property
+    def log_path(self) -> Path | None:
+        """The supervisor's stderr on the host (gone after stop(): it lives in the private dir)."""
+        return None if self.dir is None else self.dir / "run" / "supervisor.log"
+
     def _log_tail(self) -> str:
         path = self.log_path
         if path is None or not path.exists():
             return ""
         return path.read_text(errors="replace")[-2000:]
+
+    def _check_alive(self) -> None:
+        """Raise SandboxDiedError when pid 1 is gone and we did not stop it; Closed when stopped."""
+        if self._proc is not None and not self._stopped and self._proc.poll() is not None:
+            tail = self._log_tail()
+            raise SandboxDiedError(
+                f"sandbox {self.name}: its pid 1 exited (bwrap status {self._proc.returncode}) "
+                f"while nothing on the host had stopped it; log tail: {tail[-500:]!r}",
+                status=self._proc.returncode,
+                log_tail=tail,
+            )
+        if not self.running or self.dir is None:
+            raise SandboxClosedError(f"sandbox {self.name} is not running")
 
     async def stop(self) -> None:
         """Kill every process of the sandbox, close its relays and remove its files. Idempotent.
@@ -487,6 +381,11 @@ class BwrapSandbox:
         return out
 
     @property
+    def supervisor_pid(self) -> int | None:
+        """The host pid of the sandbox's pid 1 (None before start): for logs and fault tests."""
+        return self._child_pid
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None and not self._stopped
 
@@ -501,9 +400,10 @@ class BwrapSandbox:
         stdin: bytes = b"",
         on_output: OutputSink | None = None,
     ) -> RawExecResult:
-        """Run argv inside; raises SandboxExecTimeoutError past the deadline (group killed)."""
-        if not self.running or self.dir is None:
-            raise SandboxClosedError(f"sandbox {self.name} is not running")
+        """Run argv inside; raises SandboxExecTimeoutError past the deadline (group killed),
+        SandboxDiedError when the sandbox's pid 1 died under it."""
+        self._check_alive()
+        assert self.dir is not None
         timeout = timeout_s if timeout_s is not None else self.spec.limits.default_exec_timeout_s
         full_env = {**BASE_ENV, **self.spec.env, **(env or {})}
         run = run_command(
@@ -516,7 +416,14 @@ class BwrapSandbox:
             on_output=on_output,
         )
         # The supervisor enforces the deadline; this backstop covers a wedged supervisor.
-        result = await (asyncio.wait_for(run, timeout + 30) if timeout else run)
+        try:
+            result = await self._unless_pid1_dies(
+                asyncio.wait_for(run, timeout + 30) if timeout else run
+            )
+        except SandboxExecError:
+            await self._settle()
+            self._check_alive()
+            raise
         if result.timed_out:
             raise SandboxExecTimeoutError(
                 f"command timed out after {timeout} seconds and was killed: {argv[-1][:200]!r}",
@@ -540,7 +447,11 @@ class BwrapSandbox:
         return int(answer["killed"])
 
     async def prepare_grading(
-        self, timeout_s: float = 10.0, *, record_image: bool = False
+        self,
+        timeout_s: float = 10.0,
+        *,
+        record_image: bool = False,
+        outputs: tuple[str, ...] | list[str] = (),
     ) -> GradingReset:
         """End the agent's reach before grading; what it left in the grading paths is returned.
 
@@ -552,11 +463,22 @@ class BwrapSandbox:
         them. Nothing the agent started can run afterwards, so nothing can pre-seed, lock or
         rewrite what the verifier uses. `record_image=True` (the reset right after the image is
         built) takes the hook files present now as the image's own.
+
+        Then the grader's own machinery (THREAT_MODEL.md): scratch space (GRADING_SCRATCH)
+        emptied and toolchain config at / (TOOLCHAIN_HOOKS) put back as the image had them,
+        except `outputs`, the paths the task declares as the agent's output (task.toml
+        `[metadata] harness_outputs`). Those are listed in the answer's `reset`, not evidence.
         """
+        for path in outputs:
+            if not str(path).startswith("/") or ".." in PurePosixPath(path).parts:
+                raise SandboxPathError(f"a declared output must be absolute without '..': {path}")
         args = {
             "paths": [list(p) for p in GRADING_PATHS],
             "links": [list(link) for link in usr_links()],
             "hooks": list(GRADING_HOOKS),
+            "toolchain": list(TOOLCHAIN_HOOKS),
+            "scratch": list(GRADING_SCRATCH),
+            "keep": [*(str(p) for p in outputs), GRADING_HOME],  # (GRADING_PATHS resets it)
             "record": record_image,
             "timeout": timeout_s,
         }
@@ -568,14 +490,56 @@ class BwrapSandbox:
             errors=list(answer["errors"]),
             free_bytes=int(answer["free_bytes"]),
             free_inodes=int(answer["free_inodes"]),
+            reset=list(answer.get("reset") or []),
         )
 
+    async def _unless_pid1_dies(self, awaitable: Any) -> Any:
+        """`awaitable`'s result, or SandboxDiedError as soon as pid 1 is gone.
+
+        The host holds the control socket's listening end, so a command sent to a dead pid 1
+        is queued, never refused: without this, it waited forever (issue 29, finding 10).
+        """
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.05)
+                if done:
+                    return task.result()
+                if self._proc is not None and self._proc.poll() is not None:
+                    self._check_alive()  # raises: died, or stopped under us
+                    raise SandboxClosedError(f"sandbox {self.name} is not running")
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+
+    async def _settle(self) -> None:
+        """A broken channel: give a dying pid 1 a moment to be reaped, so it is told apart."""
+        if self._proc is None:
+            return
+        deadline = time.monotonic() + 2.0
+        while self._proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
     async def _supervisor_op(self, op: str, args: dict[str, object]) -> dict[str, object]:
-        if not self.running or self.dir is None:
-            raise SandboxClosedError(f"sandbox {self.name} is not running")
-        result = await run_command(
+        self._check_alive()
+        assert self.dir is not None
+        limit = _OP_TIMEOUT_S + float(args.get("timeout") or 0)  # type: ignore[arg-type]
+        run = run_command(
             self.dir / "run" / "ctl.sock", [], env={}, cwd="/", timeout_s=None, op=op, op_args=args
         )
+        try:
+            result = await self._unless_pid1_dies(asyncio.wait_for(run, limit))
+        except TimeoutError as exc:
+            self._check_alive()
+            raise SandboxExecError(
+                f"sandbox {self.name}: the supervisor did not answer {op} within {limit:.0f} s; "
+                f"log tail: {self._log_tail()!r}"
+            ) from exc
+        except SandboxExecError:
+            await self._settle()
+            self._check_alive()
+            raise
         try:
             return marshal.loads(result.stdout)
         except (EOFError, ValueError, TypeError) as exc:

@@ -8,7 +8,12 @@ on top of it:
                       and whatever Harbor uploads later (/tests at verify time, /solution, ...)
     /usr, /etc        host, read-only; /etc files that are not world-readable are masked
     /bin /lib ...     symlinks into /usr, as on a merged-/usr host (bound when they are real dirs)
-    /proc, /dev       fresh procfs for the sandbox's pid namespace, minimal devtmpfs
+    /proc             fresh procfs for the sandbox's pid namespace
+    /dev              bwrap's minimal /dev, read-only: its links (fd, stdin, stdout, stderr, ptmx)
+                      are the kernel's whatever the agent does, and the host's device nodes in
+                      it (DEV_NODES) are remounted read-only by pid 1 (pid1_setup.py), so no
+                      chmod or touch inside reaches the host's nodes
+    /dev/shm          a tmpfs of its own, capped (SandboxLimits.shm_size_bytes, part of disk_mb)
     /run/harness      host dir with the unix sockets of forwarded ports (read-only)
     extra binds       `ro_binds` {host path: sandbox path}, e.g. the agent CLIs and their venvs
 
@@ -34,6 +39,7 @@ from pathlib import Path
 
 __all__ = [
     "BASE_PATH",
+    "DEV_NODES",
     "bwrap_argv",
     "masked_etc_files",
     "resolved_tool_binds",
@@ -47,6 +53,8 @@ NET_DIR_IN_SANDBOX = "/run/harness"
 # Top-level host entries the sandbox gets: read-only directories, and the merged-/usr symlinks.
 _RO_DIRS = ("/usr", "/etc")
 _USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# The host device nodes bwrap's --dev binds in (its list); pid 1 remounts them read-only.
+DEV_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 
 
 @functools.lru_cache(maxsize=1)
@@ -69,6 +77,7 @@ def masked_etc_files() -> tuple[str, ...]:
 def bwrap_argv(
     *,
     root_size_bytes: int,
+    shm_size_bytes: int = 64 << 20,
     dirs: list[str],
     net_dir: Path | None,
     ro_binds: Mapping[str, str],
@@ -85,6 +94,12 @@ def bwrap_argv(
         "--new-session",  # no TIOCSTI into the host's terminal
         "--cap-drop",
         "ALL",
+        # For pid 1 alone, and only until it has remounted the device nodes read-only: it then
+        # drops them and its bounding set for good (pid1_setup.py). No command has any.
+        "--cap-add",
+        "CAP_SYS_ADMIN",
+        "--cap-add",
+        "CAP_SETPCAP",
         "--clearenv",
         "--setenv",
         "PATH",
@@ -113,7 +128,8 @@ def bwrap_argv(
             argv += ["--symlink", links[link], link]
         elif os.path.isdir(link):
             argv += ["--ro-bind", link, link]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    argv += ["--perms", "1777", "--size", str(shm_size_bytes), "--tmpfs", "/dev/shm"]
     if net_dir is not None:
         argv += ["--ro-bind", str(net_dir), NET_DIR_IN_SANDBOX]
     for host, target in ro_binds.items():

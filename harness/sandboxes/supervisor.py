@@ -7,7 +7,7 @@ standard library: its start-up is most of the sandbox's start-up. Measured with 
 `functools`/`collections`) were ~3/4 of the import time, so it uses `marshal`, `_socket` and
 `select.epoll` directly. Keep it that way (and keep its syntax valid on Python 3.9).
 
-The host compiles it once with that python3 (local.compiled_supervisor), binds the result
+The host compiles it once with that python3 (supervisor_build.py), binds the result
 read-only at /run/harness-supervisor, and starts it as the sandbox's pid 1 (`bwrap --as-pid-1`) and talks to it over one listening
 unix socket whose file descriptor it inherits (the socket's path lives in a host directory the
 sandbox cannot see, so nothing inside can open a second control connection). As pid 1 it is
@@ -39,6 +39,13 @@ capture proxy). Nothing else on the host is reachable.
 
 Limits set here are inherited by every command: RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, no
 core dumps. A command past its deadline has its process group SIGKILLed.
+
+Before anything else it remounts the host's device nodes read-only and drops its capabilities
+for good (pid1_setup.py). The grading reset's scratch and toolchain parts are in
+grading_scratch.py (imported only then). It must outlive anything the agent does: a connection
+flood at a forwarded port meets a relay cap and, out of descriptors, a reserved fd that lets
+accept drain the queue; a handler that fails closes its own connection only. If pid 1 dies
+anyway, the host scores the rollout `tampered` (errors.SandboxDiedError).
 
 It refuses to do anything else: no file transfer primitives (the host streams tar through `exec`,
 so every path is resolved inside the sandbox's view and an agent's symlink cannot point a host
@@ -185,10 +192,16 @@ def _spawn(ex):
     env = header.get("env") or {}
     cwd = header.get("cwd") or "/"
     timeout = header.get("timeout")
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    in_r, in_w = os.pipe()
-    fds = (out_r, out_w, err_r, err_w, in_r, in_w)
+    fds = ()
+    try:
+        for _ in range(3):
+            fds += os.pipe()
+    except OSError as exc:  # out of descriptors: this command fails, pid 1 does not
+        for fd in fds:
+            os.close(fd)
+        _exit_frame(ex, 126, False, f"cannot start a command: {exc.strerror}")
+        return
+    out_r, out_w, err_r, err_w, in_r, in_w = fds
     actions = [
         (os.POSIX_SPAWN_DUP2, in_r, 0),
         (os.POSIX_SPAWN_DUP2, out_w, 1),
@@ -536,11 +549,12 @@ def _grading_reset(header):
     target] symlinks of the image to restore; `header["hooks"]`: files the grader's tools would
     read uninvited, put back as they were at the `header["record"]` reset. Returns a dict:
     killed, survivors (processes still alive at the deadline), found (agent state in or above
-    the grading dirs, now removed), errors (what could not be reset), free_bytes / free_inodes
-    of the sandbox's root after the reset.
+    the grading dirs, now removed), errors (what could not be reset), reset (the agent's scratch
+    files and toolchain config put back: not evidence, see grading_scratch.py), free_bytes /
+    free_inodes of the sandbox's root after the reset.
     """
     killed, survivors = _killall(float(header.get("timeout") or 10.0))
-    found, errors = [], []
+    found, errors, reset = [], [], []
     if not survivors:  # a survivor could undo the reset: leave the dirs as evidence instead
         for path, target in header.get("links") or ():
             try:
@@ -556,12 +570,30 @@ def _grading_reset(header):
             _reset_hooks(list(header.get("hooks") or ()), bool(header.get("record")), found)
         except OSError as exc:
             errors.append(f"grader hooks: {exc}")
+    # Free space as the agent left it (its scratch files count): a full disk is evidence even
+    # when the scratch reset below happens to free it.
     st = os.statvfs("/")
+    if not survivors:
+        import grading_scratch  # (only graders pay its import, not the supervisor's start-up)
+
+        keep = list(header.get("keep") or ())
+        record = bool(header.get("record"))
+        try:
+            grading_scratch.reset_toolchain(
+                list(header.get("toolchain") or ()), keep, record, reset
+            )
+        except OSError as exc:
+            errors.append(f"toolchain config: {exc}")
+        try:
+            grading_scratch.reset_scratch(list(header.get("scratch") or ()), keep, record, reset)
+        except OSError as exc:
+            errors.append(f"scratch space: {exc}")
     return {
         "killed": killed,
         "survivors": survivors,
         "found": found,
         "errors": errors,
+        "reset": reset,
         "free_bytes": st.f_bavail * st.f_frsize,
         "free_inodes": st.f_favail if st.f_files else -1,
     }
@@ -578,13 +610,52 @@ def _maybe_finish(ex, now):
     _exit_frame(ex, ex.rc, ex.timed_out, None)
 
 
+_reserve = [None]  # an fd held back so that EMFILE in accept can still drain the queue
+_relays = set()
+_relay_cap = [1024]  # open relays at most (each holds 2 fds); set in main from RLIMIT_NOFILE
+
+
+def _reserve_fd():
+    if _reserve[0] is None:
+        try:  # noqa: SIM105 (contextlib costs start-up time here)
+            _reserve[0] = os.open("/", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass
+
+
 def _accept(listener):
-    fd, _ = listener._accept()
+    """One connection from the listener's queue, or None (none left, or out of descriptors).
+
+    Out of descriptors (an agent's flood of connections to a forwarded port: issue 29, finding
+    3), the pending connection is accepted on the reserved fd and closed at once, so the
+    listener's queue drains and the event loop does not spin; pid 1 itself never fails.
+    """
+    try:
+        fd, _ = listener._accept()
+    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+        return None
+    except OSError as exc:
+        if exc.errno not in (23, 24):  # ENFILE, EMFILE
+            _log(f"accept failed: {exc}")
+            return None
+        if _reserve[0] is not None:
+            os.close(_reserve[0])
+            _reserve[0] = None
+            try:  # noqa: SIM105 (contextlib costs start-up time here)
+                fd, _ = listener._accept()
+                os.close(fd)
+            except OSError:
+                pass
+            _reserve_fd()
+        _log("out of file descriptors: a connection was refused")
+        return None
     return _socket.socket(fileno=fd)
 
 
 def _on_accept_ctl(listener):
     conn = _accept(listener)
+    if conn is None:
+        return
     conn.setblocking(False)
     ex = _Exec(conn)
     _execs.add(ex)
@@ -593,6 +664,11 @@ def _on_accept_ctl(listener):
 
 def _on_accept_forward(listener, unix_path):
     client = _accept(listener)
+    if client is None:
+        return
+    if len(_relays) >= _relay_cap[0]:  # refused, not queued: the agent's own calls get through
+        client.close()
+        return
     upstream = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         upstream.connect(unix_path)
@@ -604,6 +680,7 @@ def _on_accept_forward(listener, unix_path):
     client.setblocking(False)
     upstream.setblocking(False)
     relay = _Relay(client, upstream)
+    _relays.add(relay)
     for s in relay.socks:
         _register(s.fileno(), _IN, "relay", relay)
 
@@ -624,6 +701,7 @@ def _close_relay(relay):
     if relay.closed:
         return
     relay.closed = True
+    _relays.discard(relay)
     for s in relay.socks:
         _unregister(s.fileno())
         s.close()
@@ -691,6 +769,16 @@ def _make_undumpable():
 
 def main():
     config = marshal.loads(bytes.fromhex(sys.argv[1]))
+    # First, with the two capabilities bwrap left us (see pid1_setup.py): the host's device
+    # nodes read-only, then no capability for us or anything we start, ever.
+    try:
+        import pid1_setup
+
+        pid1_setup.harden_dev(config.get("dev_nodes") or ())
+        pid1_setup.drop_capabilities()
+    except OSError as exc:
+        _log(f"cannot harden the sandbox: {exc}")
+        sys.exit(4)
     # We are the sandbox's pid 1 (bwrap --as-pid-1): the kernel drops signals sent to us from
     # inside the sandbox unless we handle them, so an agent's `kill -9 -1` or `pkill python3`
     # cannot take the sandbox down. SIGINT would raise KeyboardInterrupt: ignore it. SIGCHLD is
@@ -703,6 +791,10 @@ def main():
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _register(wake_r, _IN, "wake", None)
     _apply_limits(config.get("limits") or {})
+    soft_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft_nofile != resource.RLIM_INFINITY:  # 2 fds a relay, room for commands' pipes
+        _relay_cap[0] = max(8, min(_relay_cap[0], (soft_nofile - 256) // 2))
+    _reserve_fd()
     ctl_fd = int(config["ctl_fd"])
     # Inherited from the host, so inheritable: a command that inherited it could accept the
     # host's next control connection (the verifier's) and answer it with a forged result.
@@ -756,27 +848,11 @@ def main():
             entry = _handlers.get(fd)
             if entry is None:
                 continue  # closed by an earlier event of this batch
-            kind, obj = entry
-            if kind == "wake":
-                try:  # noqa: SIM105 (contextlib costs start-up time here)
-                    os.read(wake_r, 4096)
-                except BlockingIOError:
-                    pass
-            elif kind == "ctl":
-                _on_accept_ctl(obj)
-            elif kind == "fwd":
-                _on_accept_forward(*obj)
-            elif kind == "relay":
-                if not obj.closed:
-                    _on_relay(obj, fd, events)
-            elif obj.closed:
-                continue
-            elif kind == "conn":
-                _on_conn(obj, events)
-            elif kind == "pipe":
-                _on_pipe(obj, fd)
-            elif kind == "stdin":
-                _on_stdin(obj)
+            try:
+                _dispatch(entry, fd, events, wake_r)
+            except Exception as exc:  # noqa: BLE001 - pid 1 must outlive any one connection
+                _log(f"{entry[0]} handler failed: {type(exc).__name__}: {exc}")
+                _drop(entry)
         _reap()
         now = time.monotonic()
         for ex in list(_execs):
@@ -784,6 +860,42 @@ def main():
                 _maybe_finish(ex, now)
                 if ex.finished and not ex.out:
                     _close_exec(ex)
+
+
+def _drop(entry):
+    """Close what a failed handler was serving (its relay or its command), nothing else."""
+    kind, obj = entry
+    try:
+        if kind == "relay":
+            _close_relay(obj)
+        elif kind in ("conn", "pipe", "stdin"):
+            _close_exec(obj)
+    except Exception as exc:  # noqa: BLE001
+        _log(f"closing after a failed {kind} handler failed too: {exc}")
+
+
+def _dispatch(entry, fd, events, wake_r):
+    kind, obj = entry
+    if kind == "wake":
+        try:  # noqa: SIM105 (contextlib costs start-up time here)
+            os.read(wake_r, 4096)
+        except BlockingIOError:
+            pass
+    elif kind == "ctl":
+        _on_accept_ctl(obj)
+    elif kind == "fwd":
+        _on_accept_forward(*obj)
+    elif kind == "relay":
+        if not obj.closed:
+            _on_relay(obj, fd, events)
+    elif obj.closed:
+        return
+    elif kind == "conn":
+        _on_conn(obj, events)
+    elif kind == "pipe":
+        _on_pipe(obj, fd)
+    elif kind == "stdin":
+        _on_stdin(obj)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ the server was started without `--weight-transfer-config`, and so on.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
@@ -76,12 +77,18 @@ class EngineControlClient:
         *,
         timeout_s: float = 600.0,
         transport: httpx.BaseTransport | None = None,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: the engine's key (default: $HARNESS_ENGINE_API_KEY, as launchers.engine
+        starts it). vLLM 0.32 checks it on /v1 routes only, not on these; sent all the same, so
+        a vLLM that guards them keeps working."""
         self.engine_url = engine_url.rstrip("/")
+        key = api_key if api_key is not None else os.environ.get("HARNESS_ENGINE_API_KEY")
         # One timeout for everything: /update_weights returns only when the whole model has
         # crossed, and /init_weight_transfer_engine only when every worker has joined.
         self._http = httpx.Client(
-            base_url=self.engine_url, timeout=timeout_s, transport=transport, trust_env=False
+            base_url=self.engine_url, timeout=timeout_s, transport=transport, trust_env=False,
+            headers={"authorization": f"Bearer {key}"} if key else None,
         )
 
     def _call(

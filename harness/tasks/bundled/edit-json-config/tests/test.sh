@@ -2,7 +2,8 @@
 # Runs after the agent, from the task workdir; python3 and coreutils only (no installs).
 mkdir -p /logs/verifier
 
-python3 - <<'EOF'
+# -I: the grader's own imports never come from the work dir (its cwd) or a user site
+python3 -I - <<'EOF'
 import json
 reward = 0
 try:
