@@ -53,7 +53,8 @@ if FAULT == "rank1_forward" and int(__import__("os").environ.get("RANK", "0")) =
         if len(calls) > 2:  # past step 1's micro-batches: rank 0 is mid-step with us
             open({out!r} + "/fault_at", "w").write(repr(__import__("time").time()))
             raise RuntimeError("injected forward failure on rank 1")
-    model.register_forward_pre_hook(fail_in_step_2)
+    # on the decoder: the trainer runs it, then lm_head in chunks (trainer/forward.py)
+    model.model.register_forward_pre_hook(fail_in_step_2)
 trainer = HarnessAsyncGRPOTrainer(model, lambda sampling: _source(), args, weight_sync=sync)
 history = trainer.train()
 rank = dist.get_rank() if dist.is_initialized() else 0
@@ -116,7 +117,10 @@ def test_two_fsdp_ranks_on_gloo_train_like_one_process_and_push_full_weights_fro
     for name, full in one["pushed"][2].items():
         gathered = two["pushed"][2][name]
         assert not hasattr(gathered, "full_tensor") and gathered.shape == full.shape, name
-        assert torch.allclose(gathered, full, atol=1e-5), name
+        # atol 1e-4: an element whose gradient is near Adam's eps (1e-8) moves by
+        # lr * g / (|g| + eps), so float rounding of the cross-rank sum shifts it (measured
+        # 1.09e-5 on one element of 8192 with chunked log-probs); a wrong gradient moves ~lr=1e-2.
+        assert torch.allclose(gathered, full, atol=1e-4), name
     # Streamed: the k-th parameter was gathered when rank 0 read it, never the model up front.
     n = len(two["pushed"][2])
     assert two["reads"][2] == list(range(1, n + 1))

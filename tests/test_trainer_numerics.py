@@ -145,14 +145,17 @@ def test_the_log_space_truncated_ratio_equals_min_r_c_where_the_old_form_was_fin
 
 # --- non-finite steps are skipped, counted and never pushed -----------------------------------------
 def _nan_logits_once(trainer):
-    """Fault injection: the next forward's logits are NaN (weights stay finite)."""
+    """Fault injection: the next forward's logits are NaN (weights stay finite).
+
+    Through the final norm's output: the trainer applies lm_head in chunks to the decoder's
+    hidden states (trainer/forward.py), so NaN hidden states are NaN logits."""
     handle = None
 
     def hook(module, args, output):
         handle.remove()
         return output * float("nan")
 
-    handle = trainer.model.lm_head.register_forward_hook(hook)
+    handle = trainer.model.model.norm.register_forward_hook(hook)
 
 
 def _inf_grad_once(trainer):

@@ -75,10 +75,20 @@ class AsyncGRPOConfig:
     train_unplaced_calls: bool = False
     # --- packing ------------------------------------------------------------------------------
     max_tokens_per_microbatch: int = 8192  # padding-free token budget of one forward
-    # prefix sharing (issue 30): fold the step's rows into a prefix tree so each shared prefix
+    # Prefix sharing: fold the step's rows into a prefix tree so each shared prefix
     # (a prompt, a rollout's history before a rewrite) is forwarded once (trainer/prefix_tree.py);
     # a micro-batch may then hold up to 1.25x max(budget, its longest row). False: dense packing.
     prefix_sharing: bool = True
+    # --- memory ---------------------------------------------------------------------------------
+    # Recompute each decoder layer in backward instead of keeping its activations ("auto": on
+    # for CUDA, off for CPU, where the small test models fit and recompute costs ~1/3 more time).
+    # A row longer than max_tokens_per_microbatch is still forwarded alone and whole (counted in
+    # packing/over_budget_rows): size the budget for the longest row with
+    # `python -m trainer.memory --tokens N` (GiB per GPU by term, checkpointing on and off).
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    # Tokens whose [tokens x vocabulary] fp32 logits exist at once in the log-prob and entropy
+    # computation (trainer/loss.py chunked_token_logprobs); 0: the model's dense logits.
+    logits_chunk_tokens: int = 1024
     # --- distributed (torchrun) ---------------------------------------------------------------
     # any collective of a step (also the gathers of a weight push, which pace the engine's
     # transfer); a hung rank ends the run after it. Checkpoint writes wait on the longer one.
@@ -86,7 +96,7 @@ class AsyncGRPOConfig:
     step_wait_timeout_s: float = 6 * 3600.0  # how long ranks > 0 wait for rank 0's next step
     # --- outputs ------------------------------------------------------------------------------
     output_dir: str = "outputs/grpo"
-    # start-up and checkpoints (issue 30)
+    # --- start-up and checkpoints ---------------------------------------------------------------
     # Sharded (torch.distributed.checkpoint) checkpoint every N steps and after the last step
     # (0: only after the last). Each costs a write of model + AdamW state (~16 bytes/parameter).
     save_steps: int = 50
@@ -144,6 +154,10 @@ class AsyncGRPOConfig:
                      "(a group-relative baseline needs at least 2 rollouts of one task)")
         positive_int("max_tokens_per_microbatch", 16)
         positive_int("max_staleness", 0)
+        positive_int("logits_chunk_tokens", 0)
+        if self.gradient_checkpointing not in (True, False, "auto"):
+            p.append(f"gradient_checkpointing={self.gradient_checkpointing!r}: choose true, false "
+                     "or auto (on for CUDA, off for CPU)")
         positive_int("save_steps", 0)
         positive_int("warmup_steps", 0)
         if self.max_tokens is not None:

@@ -23,6 +23,11 @@ weights, and the engine receives them cast to the compute dtype, one parameter a
 Measured on CPU (tests/test_trainer_numerics.py): with fp32 master weights an lr 1e-6 step moves
 as many elements as the fp32 reference; pure-bf16 parameters move about 2% of them.
 
+Memory (issue 30; trainer/memory.py has the calculator): under torchrun a model directory is
+built on the meta device, sharded and read shard by shard (trainer/model_init.py), the reference
+model too; decoder layers are checkpointed (`gradient_checkpointing`, on by default on CUDA); and
+log-probs never build a [tokens x vocabulary] fp32 tensor (`logits_chunk_tokens`).
+
 What it refuses: a factory instance (it could not pin the sampling policy), a config with any
 problem (all listed at once, before the model loads), an empty train_dataset, and a malformed
 capture (CaptureError stops training; see trainer/rows.py).
@@ -31,7 +36,6 @@ capture (CaptureError stops training; see trainer/rows.py).
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import time
@@ -54,13 +58,13 @@ from trainer.distributed import (
     broadcast_object,
     fail_fast,
     init_distributed,
-    shard_model,
     wait_for_all_ranks,
 )
 from trainer.errors import ConfigError
 from trainer.groups import PreparedGroup, append_group_records, group_metrics, prepare_group
 from trainer.loop import StepInput, push_weights, run_step, step_input_from_groups
 from trainer.metrics import MetricsWriter
+from trainer.model_init import build_model, build_reference, enable_gradient_checkpointing
 from trainer.producer import FinishedGroup, RolloutProducer
 from trainer.rewards import RewardFunc, normalize_reward_funcs
 from trainer.rollouts import as_rollout_source
@@ -139,24 +143,21 @@ class HarnessAsyncGRPOTrainer:
         self.compute_dtype, why = _dtype(args, self.dist.device)
         self.autocast_dtype, how = _numerics(self.compute_dtype, self.dist.distributed)
         log.info("trainer %s; %s; %s", self.dist.reason, why, how)
-        if isinstance(model, (str, Path)):
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+        # Memory (issue 30): under torchrun the model is built on the meta device, sharded, and
+        # each rank reads only its shards; the reference model likewise (trainer/model_init.py).
+        if isinstance(model, (str, Path)) and tokenizer is None:
+            from transformers import AutoTokenizer
 
-            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
-            if tokenizer is None:
-                tokenizer = AutoTokenizer.from_pretrained(str(model))
-        else:
-            self.model = model.float()
+            tokenizer = AutoTokenizer.from_pretrained(str(model))
         self.tokenizer = tokenizer
-        self.model.to(self.dist.device)
         self.ref_model = None
         if args.beta > 0:  # the initial policy, frozen: it never steps, so no master copy
-            self.ref_model = copy.deepcopy(self.model).to(self.compute_dtype)
-            self.ref_model.eval().requires_grad_(False)
-        if self.dist.distributed:
-            shard_model(self.model, self.compute_dtype)
-            if self.ref_model is not None:
-                shard_model(self.ref_model)
+            self.ref_model = build_reference(model, self.dist, self.compute_dtype)
+        self.model = build_model(model, self.dist, self.compute_dtype)
+        self.checkpointing, why_ckpt = enable_gradient_checkpointing(
+            self.model, args.gradient_checkpointing, self.dist.device)
+        log.info("%s; log-probs in chunks of %s tokens", why_ckpt,
+                 args.logits_chunk_tokens or "all (dense)")
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.learning_rate,
                                            betas=tuple(args.adam_betas),
                                            weight_decay=args.weight_decay)

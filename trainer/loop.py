@@ -155,13 +155,15 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
                 no_sync(i == len(mine) - 1)
             mb = mb.to(dist_info.device)
             logp, entropy = microbatch_logprobs(trainer.model, mb, args.temperature,
-                                                autocast=trainer.autocast_dtype)  # [K], [K]
+                                                autocast=trainer.autocast_dtype,
+                                                logits_chunk=args.logits_chunk_tokens)  # [K], [K]
             ref_logp = None
             if args.beta > 0:
                 with torch.no_grad():
                     ref_logp, _ = microbatch_logprobs(trainer.ref_model, mb, args.temperature,
                                                       with_entropy=False,
-                                                      autocast=trainer.autocast_dtype)  # [K]
+                                                      autocast=trainer.autocast_dtype,
+                                                      logits_chunk=args.logits_chunk_tokens)
             loss, stats = policy_loss(
                 logp, mb.behaviour_logprobs, mb.advantages, mb.token_weight,
                 loss_type=args.loss_type, epsilon=args.epsilon, epsilon_high=args.epsilon_high,

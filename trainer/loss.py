@@ -37,7 +37,7 @@ import math
 
 import torch
 
-__all__ = ["STAT_KEYS", "policy_loss", "token_logprobs"]
+__all__ = ["STAT_KEYS", "chunked_token_logprobs", "policy_loss", "token_logprobs"]
 
 STAT_KEYS = ("tokens", "ratio", "clip_low", "clip_high", "truncated", "kl_behaviour", "entropy",
              "abs_logp_diff", "kl_ref")
@@ -57,6 +57,91 @@ def token_logprobs(
     if with_entropy:
         with torch.no_grad():
             entropy = -(logsm.exp() * logsm).sum(-1)  # [K]
+    return logp, entropy
+
+
+class _ChunkedLogprob(torch.autograd.Function):
+    """log softmax(h W^T / T)[target] over chunks of tokens, never all [K, V] logits at once.
+
+    Forward keeps only the logsumexp per token ([K] fp32); backward recomputes one chunk's
+    logits at a time: d logp / d z = (onehot - softmax) / T, then dh = dz W and dW = dz^T h.
+    Peak extra memory is one chunk's [chunk, V] fp32 logits (and their softmax), whatever K is.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk):  # noqa: ANN001, ANN205
+        k = hidden.shape[0]
+        logp = hidden.new_empty(k, dtype=torch.float32)  # [K]
+        lse_all = hidden.new_empty(k, dtype=torch.float32)  # [K]
+        for s in range(0, k, chunk):
+            z = (hidden[s:s + chunk] @ weight.t()).float() / temperature  # [c, V]
+            lse = torch.logsumexp(z, dim=-1)  # [c]
+            lse_all[s:s + chunk] = lse
+            logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse
+        ctx.save_for_backward(hidden, weight, targets, lse_all)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return logp
+
+    @staticmethod
+    def backward(ctx, grad_logp):  # noqa: ANN001, ANN205
+        hidden, weight, targets, lse_all = ctx.saved_tensors
+        t, chunk = ctx.temperature, ctx.chunk
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if need_w else None
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s:s + chunk]  # [c, H]
+            z = (h @ weight.t()).float() / t  # [c, V]
+            p = torch.exp(z - lse_all[s:s + chunk, None])  # [c, V]  softmax
+            # d logp_i / d z_ij = (1[j = target_i] - p_ij) / T, times the upstream gradient
+            dz = p.mul_(-grad_logp[s:s + chunk, None].float() / t)  # [c, V]
+            dz.scatter_add_(-1, targets[s:s + chunk, None],
+                            grad_logp[s:s + chunk, None].float() / t)
+            dz = dz.to(hidden.dtype)
+            if need_h:
+                grad_h[s:s + chunk] = dz @ weight  # [c, H]
+            if need_w:
+                grad_w += (dz.t() @ h).float()  # [V, H]
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None, None
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, temperature: float,
+    *, chunk: int = 1024, with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs(lm_head(hidden), ...)` without a [K, V] fp32 tensor for the whole row.
+
+    hidden [K, H] (final-norm hidden states at positions that predict a target), targets [K]
+    -> logp [K] fp32 (with grad to hidden and lm_head.weight), entropy [K] | None (detached).
+    Logits are computed in the dtype autocast would give lm_head (bf16 under bf16 autocast or
+    FSDP mixed precision), then upcast to fp32 for the softmax, as the dense path does. At a
+    152k vocabulary the dense path holds ~4 [K, V] fp32 tensors (6 GB each at 10k tokens); this
+    holds one [chunk, V] at a time (0.6 GB at chunk 1024), at the price of recomputing the
+    logits matmul in backward. Gradients equal the dense path's (tests/test_trainer_memory.py).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk={chunk}: must be >= 1 tokens")
+    weight = lm_head.weight  # [V, H]
+    if getattr(lm_head, "bias", None) is not None:
+        raise ValueError("chunked_token_logprobs: an lm_head with a bias is not supported; "
+                         "use token_logprobs on the model's logits")
+    dtype = hidden.dtype
+    if torch.is_autocast_enabled(hidden.device.type):
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+    h, w = hidden.to(dtype), weight.to(dtype)
+    with torch.autocast(hidden.device.type, enabled=False):
+        logp = _ChunkedLogprob.apply(h, w, targets, float(temperature), int(chunk))  # [K]
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = torch.empty_like(logp)  # [K]
+                for s in range(0, h.shape[0], chunk):
+                    z = (h[s:s + chunk] @ w.t()).float() / temperature  # [c, V]
+                    logsm = torch.log_softmax(z, dim=-1)  # [c, V]
+                    entropy[s:s + chunk] = -(logsm.exp() * logsm).sum(-1)
     return logp, entropy
 
 

@@ -1,11 +1,10 @@
-"""Issue 30's GPU figures, run by bench/gpu/check.py after its own sections (same JSON).
+"""The trainer-at-scale GPU figures, run by bench/gpu/check.py after its own sections (same JSON).
 
     memory        one step with activation checkpointing off and on: peak GPU memory, step time,
                   and the loss (checkpointing recomputes, it must not change the step)
     shared        a Claude-Code-shaped step (rows sharing one long prompt, a short unique tail
                   each) with dense packing against the prefix-shared forward: tokens forwarded
-                  and step time; recorded as skipped, with the reason, in a tree without
-                  `AsyncGRPOConfig.prefix_sharing`
+                  and step time
     checkpoint    a sharded save (torch.distributed.checkpoint) of model + AdamW state, a resume
                   into a fresh trainer, and the next step's loss on both (must be equal)
 
@@ -13,15 +12,12 @@ Why here and not in check.py: check.py measures issue 16/17's numerics and weigh
 are issue 30's memory, prefix-sharing and checkpoint paths, each a function of (trainer
 builder, device, rows) so the dry run (tiny shapes, CPU) runs the same code as the GPU.
 
-Activation checkpointing is switched on with transformers' own
-`activation_checkpointing_enable` (older: `gradient_checkpointing_enable`), non-reentrant, on
-every decoder layer; the trainer's own switch, where the tree has one, is
-used instead (`ACTIVATION_CHECKPOINTING_FIELD`).
+Activation checkpointing and prefix sharing are switched by the trainer config's own fields
+(`gradient_checkpointing`, `prefix_sharing`), so the GPU runs exactly what a training run runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from collections.abc import Callable
@@ -30,17 +26,10 @@ from typing import Any
 
 import torch
 
-# The trainer config's switches, by name: present or not depending on what the tree has merged.
 PREFIX_SHARING_FIELD = "prefix_sharing"
-ACTIVATION_CHECKPOINTING_FIELD = "activation_checkpointing"
+ACTIVATION_CHECKPOINTING_FIELD = "gradient_checkpointing"
 
 Builder = Callable[..., Any]  # (shape, device, dtype, lr, out, budget, **config) -> trainer
-
-
-def _has_field(name: str) -> bool:
-    from trainer.config import AsyncGRPOConfig
-
-    return name in {f.name for f in dataclasses.fields(AsyncGRPOConfig)}
 
 
 def _sync(device: torch.device) -> None:
@@ -70,20 +59,9 @@ def checkpointing_memory(build: Builder, shape: str, device: torch.device, out: 
     """One step from the same init with activation checkpointing off, then on."""
     result: dict[str, Any] = {"rows": len(rows), "tokens": sum(len(r) for r in rows)}
     for mode in ("off", "on"):
-        extra = {}
-        if mode == "on" and _has_field(ACTIVATION_CHECKPOINTING_FIELD):
-            extra[ACTIVATION_CHECKPOINTING_FIELD] = True
-        elif mode == "off" and _has_field(ACTIVATION_CHECKPOINTING_FIELD):
-            extra[ACTIVATION_CHECKPOINTING_FIELD] = False
+        extra = {ACTIVATION_CHECKPOINTING_FIELD: mode == "on"}
         trainer = build(shape, device, "bfloat16", 1e-6, out / f"ac-{mode}", budget, **extra)
-        how = "trainer config" if extra else "transformers, every decoder layer"
-        if mode == "on" and not extra:
-            model = trainer.model
-            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
-                model.activation_checkpointing_enable({"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs={"use_reentrant": False})
+        how = "trainer config, every decoder layer"
         run = _timed_step(trainer, rows, adv)  # warm-up: allocator, kernels
         metrics, seconds, peak = _timed_step(trainer, rows, adv)
         result[mode] = {"peak_memory_GiB": peak, "step_s": seconds, "loss": metrics["loss"],
@@ -125,14 +103,8 @@ def shared_vs_dense(build: Builder, shape: str, device: torch.device, out: Path,
     unique = len(rows[0]) + sum(len(r) - len(rows[0]) for r in rows)  # rows share all but tails
     result: dict[str, Any] = {"rows": len(rows), "row_tokens": sum(len(r) for r in rows),
                               "unique_tokens": unique}
-    if not _has_field(PREFIX_SHARING_FIELD):
-        result["skipped"] = (f"AsyncGRPOConfig has no {PREFIX_SHARING_FIELD!r} field in this "
-                             "tree (issue 30 item 1 not merged): dense only")
-        modes: tuple[bool, ...] = (False,)
-    else:
-        modes = (False, True)
-    for shared in modes:
-        extra = {PREFIX_SHARING_FIELD: shared} if _has_field(PREFIX_SHARING_FIELD) else {}
+    for shared in (False, True):
+        extra = {PREFIX_SHARING_FIELD: shared}
         trainer = build(shape, device, "bfloat16", 1e-6, out / f"shared-{shared}", budget,
                         **extra)
         first = _timed_step(trainer, rows, adv)  # warm-up
