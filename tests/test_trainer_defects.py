@@ -91,6 +91,26 @@ def test_fsdp_gradient_sync_runs_on_the_last_micro_batch_only(tmp_path):
     assert seen == []
 
 
+def test_auto_defers_the_gradient_reduce_only_where_unsharded_gradients_fit(monkeypatch):
+    # "auto": hold unsharded bf16 gradients (2 bytes/parameter) to the last micro-batch only where
+    # they fit in a quarter of the GPU; a 32B model (64 GB of them) reduces every micro-batch.
+    from types import SimpleNamespace
+
+    from trainer.loop import defer_grad_sync
+
+    model = torch.nn.Linear(1000, 1000)  # 1,001,000 parameters: ~2 MB of bf16 gradients
+    cuda = torch.device("cuda", 0)
+    for total_memory, expected in ((8_000_000, False), (8_008_000, True), (80 * 2**30, True)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda _d, m=total_memory: SimpleNamespace(total_memory=m))
+        assert defer_grad_sync(model, "auto", cuda) is expected, total_memory
+    assert defer_grad_sync(model, True, cuda) is False  # forced per micro-batch
+    assert defer_grad_sync(model, False, cuda) is True
+    assert defer_grad_sync(model, "auto", torch.device("cpu")) is True
+    problems = AsyncGRPOConfig(reduce_grads_per_microbatch="sometimes").validate()
+    assert any("reduce_grads_per_microbatch='sometimes'" in p for p in problems), problems
+
+
 def test_is_cap_at_the_clip_bound_is_refused_because_the_clipped_gradient_leaks():
     # The leak itself: r = C = 1 + eps_high, negative advantage -> the clip must stop the push.
     logp = torch.tensor([math.log(1.28)], requires_grad=True)

@@ -102,11 +102,12 @@ class AsyncGRPOConfig:
     save_steps: int = 50
     save_total_limit: int | None = 2  # checkpoints kept on disk
     export_model: bool = True  # the final model in HF layout at <output_dir>/model (rank 0)
-    # FSDP2: reduce-scatter gradients after every micro-batch instead of once after the last.
-    # Once (False) saves a collective per micro-batch but holds each unit's UNSHARDED gradient
-    # (compute dtype) until the step's last backward: 2 bytes/parameter on every GPU, e.g. 64 GB
-    # at 32B, which does not fit beside a 32B shard on 80 GB GPUs: set True there.
-    reduce_grads_per_microbatch: bool = False
+    # FSDP2: when to reduce-scatter gradients. Once a step (after the last micro-batch) saves a
+    # collective per micro-batch but holds every unit's UNSHARDED gradient (compute dtype) until
+    # then: 2 bytes/parameter on every GPU (64 GB at 32B). "auto" reduces once where those fit in
+    # a quarter of the GPU's memory and after every micro-batch where they do not (trainer/loop.py
+    # defer_grad_sync; `python -m trainer.memory` shows both); True/False force it.
+    reduce_grads_per_microbatch: bool | Literal["auto"] = "auto"
     logging_steps: int = 1  # metrics sinks get every N-th step (and the last); history all
     report_to: Literal["none", "jsonl", "trackio", "wandb"] = "jsonl"
     run_name: str | None = None
@@ -199,9 +200,9 @@ class AsyncGRPOConfig:
             p.append(f"truncated_turns={self.truncated_turns!r}: choose train, mask or drop")
         if self.staleness_rule not in STALENESS_RULES:
             p.append(f"staleness_rule={self.staleness_rule!r}: choose one of {STALENESS_RULES}")
-        if not isinstance(self.reduce_grads_per_microbatch, bool):
+        if self.reduce_grads_per_microbatch not in (True, False, "auto"):
             p.append(f"reduce_grads_per_microbatch={self.reduce_grads_per_microbatch!r}: must "
-                     "be True or False")
+                     "be True, False or 'auto'")
         if self.vllm_server_base_url is not None:
             p.append(f"vllm_server_base_url={self.vllm_server_base_url!r}: the trainer never "
                      "talks to the engine itself, so it would be ignored; point the session "

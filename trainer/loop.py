@@ -94,6 +94,25 @@ def _pack_budget(model: torch.nn.Module, rows: list[Row], budget: int) -> int:
     return budget
 
 
+# Unsharded gradients may take at most this share of a GPU before "auto" reduces per micro-batch.
+DEFERRED_GRAD_SHARE = 0.25
+
+
+def defer_grad_sync(model: torch.nn.Module, setting: bool | str, device: torch.device) -> bool:
+    """Whether FSDP2 should hold gradients unsharded until the step's last micro-batch.
+
+    `setting` is `reduce_grads_per_microbatch`. Holding them costs the compute dtype's bytes for
+    every parameter on every GPU; "auto" defers only where that fits in DEFERRED_GRAD_SHARE of
+    the device's memory (on the CPU, where the test models are small, it always defers).
+    """
+    if setting is True:
+        return False
+    if setting is False or device.type != "cuda":
+        return True
+    held = sum(p.numel() for p in model.parameters()) * 2  # bf16/fp16 unsharded gradients
+    return held <= DEFERRED_GRAD_SHARE * torch.cuda.get_device_properties(device).total_memory
+
+
 def device_sync(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA runs asynchronously); nothing to do on CPU."""
     if device.type == "cuda":
@@ -136,7 +155,7 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
     #    on the device (no host sync per micro-batch); under FSDP2 gradients are reduce-scattered
     #    once, after the last micro-batch (earlier ones accumulate unsharded gradients locally:
     #    one reduce-scatter a step instead of one per micro-batch, for the memory of the
-    #    unsharded gradients; `reduce_grads_per_microbatch=True` trades back, see config.py).
+    #    unsharded gradients; `reduce_grads_per_microbatch` decides, see config.py).
     t_compute = 0.0
     sums = dict.fromkeys(STAT_KEYS, 0.0)
     loss_total = 0.0
@@ -146,8 +165,10 @@ def run_step(trainer: Any, inp: StepInput | None) -> dict[str, float] | None:
         torch.set_grad_enabled(True)
         trainer.model.train()
         trainer.optimizer.zero_grad(set_to_none=True)
-        no_sync = None if args.reduce_grads_per_microbatch else \
-            getattr(trainer.model, "set_requires_gradient_sync", None)  # FSDP2 only
+        no_sync = getattr(trainer.model, "set_requires_gradient_sync", None)  # FSDP2 only
+        if no_sync is not None and not defer_grad_sync(
+                trainer.model, args.reduce_grads_per_microbatch, dist_info.device):
+            no_sync = None
         acc = torch.zeros(1 + len(STAT_KEYS), dtype=torch.float64, device=dist_info.device)
         t0 = time.perf_counter()
         for i, mb in enumerate(mine):

@@ -24,6 +24,10 @@ loss.py), per GPU, with FSDP2 over `world` GPUs and a bf16 compute dtype:
 - logits: one [chunk x vocabulary] slab of fp32 logits and its softmax (loss.py), plus the
   [tokens x hidden] final hidden states kept for the chunked backward and their gradient.
 
+- deferred gradients: with `reduce_grads_per_microbatch="auto"` FSDP2 holds every unit's
+  unsharded bf16 gradient until the step's last micro-batch where those (2 P bytes) fit in a
+  quarter of the GPU (trainer/loop.py defer_grad_sync); the table adds them per GPU type.
+
 The peak (`total`) is the persistent state, the gathered weights, what the forward kept, and the
 larger of two phases that do not overlap: the logits' backward, and one layer's backward (with
 its recomputed activations under checkpointing).
@@ -52,6 +56,7 @@ __all__ = ["GPUS", "QWEN3", "ModelShape", "estimate", "fixed_activation_bytes", 
 
 GiB = 2**30
 FP32 = 4
+DEFERRED_GRAD_SHARE = 0.25  # trainer/loop.py's; not imported: this module must stay torch-free
 
 
 @dataclass(frozen=True)
@@ -153,27 +158,37 @@ def estimate(s: ModelShape, *, world: int, tokens: int, checkpointing: bool, b: 
     return out
 
 
+def deferred_grad_bytes(s: ModelShape, gpu_gib: float, b: int = 2) -> float:
+    """Unsharded gradients "auto" holds to the last micro-batch on this GPU (0: it doesn't)."""
+    held = b * s.params()
+    return held if held <= DEFERRED_GRAD_SHARE * gpu_gib * GiB else 0.0
+
+
 def table(tokens: int = 32768, world: int = 8, logits_chunk: int = 1024) -> str:
     """The README's markdown table: GiB per GPU, checkpointing on / off."""
+    gpus = " / ".join(GPUS)
     lines = [f"| model | params (B) | parameters + grads + AdamW (GiB) | gathered bf16 | "
              f"activations at {tokens // 1024}k tokens, ckpt on / off | logits / layer backward | "
-             f"total on / off | 8x H100 80GB | 8x H200 141GB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"total on / off | deferred grads ({gpus}) | 8x H100 80GB | 8x H200 141GB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in QWEN3.items():
         on = estimate(s, world=world, tokens=tokens, checkpointing=True, logits_chunk=logits_chunk)
         off = estimate(s, world=world, tokens=tokens, checkpointing=False,
                        logits_chunk=logits_chunk)
         state = on["parameters"] + on["gradients"] + on["optimizer"]
-        fits = []
+        fits, deferred = [], []
         for cap in GPUS.values():
             usable = cap - 3  # CUDA context, NCCL buffers, fragmentation
-            fits.append(" / ".join("fits" if e["total"] / GiB <= usable else "no"
+            held = deferred_grad_bytes(s, cap)
+            deferred.append(f"{held / GiB:.1f}")
+            fits.append(" / ".join("fits" if (e["total"] + held) / GiB <= usable else "no"
                                    for e in (on, off)))
         lines.append(
             f"| {name} | {s.params() / 1e9:.2f} | {state / GiB:.1f} | {on['gathered'] / GiB:.1f} "
             f"| {on['activations'] / GiB:.1f} / {off['activations'] / GiB:.1f} "
             f"| {on['logits'] / GiB:.1f} / {on['backward'] / GiB:.1f} "
-            f"| {on['total'] / GiB:.1f} / {off['total'] / GiB:.1f} | {fits[0]} | {fits[1]} |")
+            f"| {on['total'] / GiB:.1f} / {off['total'] / GiB:.1f} | {' / '.join(deferred)} "
+            f"| {fits[0]} | {fits[1]} |")
     return "\n".join(lines)
 
 
@@ -197,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nGiB per GPU, FSDP2 over {a.world} GPUs, bf16 compute on fp32 master weights. "
           "Activations include the recomputed layer when checkpointing; the total adds the larger "
           "of the logits and layer-backward phases (they do not overlap); 'fits' leaves 3 GiB for "
-          "the CUDA context and NCCL. See trainer/memory.py.")
+          "the CUDA context and NCCL and adds the deferred gradients (0.0: that GPU reduces after "
+          "every micro-batch). See trainer/memory.py.")
     return 0
 
 
