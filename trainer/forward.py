@@ -3,7 +3,7 @@
 Shared by the training step and by the tests that compare the trainer's logprobs with the
 engine's, so both measure the very same computation.
 
-Memory (issue 30): the model is asked for its final hidden states (the decoder, not the
+Memory: the model is asked for its final hidden states (the decoder, not the
 causal-LM head), and the head is applied in chunks of `logits_chunk` tokens by
 `loss.chunked_token_logprobs`, so no [tokens x vocabulary] fp32 tensor of the whole micro-batch
 exists (at a 152k vocabulary the dense path held ~4 of them, 6 GB each at 10k tokens).
@@ -47,11 +47,13 @@ def _decoder_of(model: torch.nn.Module) -> torch.nn.Module:
 
 def _chunked_forward(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
                      logit_index: torch.Tensor, targets: torch.Tensor, temperature: float,
-                     chunk: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     chunk: int, with_entropy: bool,
+                     tree: object | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     out = _decoder_of(model)(
         input_ids=input_ids,  # [1, N]
         position_ids=position_ids,  # [1, N]  restarts per row -> block-causal attention
         use_cache=False,  # a cache would disable HF's packed-sequence detection
+        **tree_forward_kwargs(model, tree),  # prefix sharing: {} when dense
     )
     hidden = out.last_hidden_state[0, logit_index]  # [K, H]  after the final norm
     return chunked_token_logprobs(hidden, lm_head_of(model), targets, temperature, chunk=chunk,
@@ -90,13 +92,14 @@ def microbatch_logprobs(
     with torch.autocast(device_type, dtype=autocast or torch.float32, enabled=autocast is not None):
         if logits_chunk > 0:
             return _chunked_method(model)(mb.input_ids, mb.position_ids, mb.logit_index,
-                                          mb.target_ids, temperature, logits_chunk, with_entropy)
+                                          mb.target_ids, temperature, logits_chunk, with_entropy,
+                                          tree=mb.tree)
         out = model(
             input_ids=mb.input_ids,  # [1, N]
             position_ids=mb.position_ids,  # [1, N]  restarts per row -> block-causal attention
             use_cache=False,  # a cache would disable HF's packed-sequence detection
             logits_to_keep=mb.logit_index,  # [K]  only positions that predict a target
-            **tree_forward_kwargs(model, mb.tree),  # prefix sharing (issue 30): {} when dense
+            **tree_forward_kwargs(model, mb.tree),  # prefix sharing: {} when dense
         )
     logits = out.logits[0]  # [K, V]  token_logprobs upcasts to fp32
     return token_logprobs(logits, mb.target_ids, temperature, with_entropy=with_entropy)
