@@ -193,6 +193,22 @@ def test_prompt_ids_are_cut_from_the_raw_reply_and_the_rest_parses_without_them(
     assert loads(stripped)["choices"][0]["message"]["content"] == '"prompt_token_ids": [9]'
 
 
+def test_a_nested_prompt_token_ids_key_before_the_top_level_one_is_read_the_certain_way():
+    """The shortcut cuts the FIRST `"prompt_token_ids": [...]`; here that is a nested one (inside
+    a choice), so the reply must be parsed whole and the top-level ids taken, never the nested."""
+    from capture.upstream import _parse_reply
+
+    raw = (b'{"choices":[{"message":{"content":"hi"},"prompt_token_ids": [9]}],'
+           b'"prompt_token_ids": [1, 2, 30],"usage":{}}')
+    reply, text = _parse_reply(raw)
+    ids = text.ids().tolist() if text is not None else reply["prompt_token_ids"]
+    assert ids == [1, 2, 30]
+    assert reply["choices"][0]["prompt_token_ids"] == [9]  # the nested list left as sent
+    # and the usual reply (top-level key first) still takes the shortcut
+    reply, text = _parse_reply(b'{"prompt_token_ids":[4,5],"choices":[]}')
+    assert reply["prompt_token_ids"] is None and text.ids().tolist() == [4, 5]
+
+
 @pytest.mark.parametrize("text", [b"-5,6", b"1,2,x", b"1,2.5", b"1,99999999999"])
 def test_prompt_ids_that_are_not_token_ids_are_refused_on_a_new_root(text):
     from capture.tokens import IdText
