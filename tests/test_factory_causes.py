@@ -23,6 +23,7 @@ from harness.agents.base import HarnessAgent
 from harness.factory import HarborSessionFactory
 from harness.session import SandboxBackend
 from harness.tasks import BUNDLED_DIR
+from tests.waiting import until
 
 HELLO = BUNDLED_DIR / "hello-file"
 
@@ -160,13 +161,13 @@ def test_a_proxy_session_deleted_mid_run_is_an_infra_failure_not_retried(fake_en
         async def delete_after_first_call() -> None:
             headers = {"Authorization": f"Bearer {factory.proxy.admin_key}"}
             async with httpx.AsyncClient(base_url=factory.proxy.url, headers=headers) as admin:
-                while True:
+
+                async def called() -> list[dict]:
                     sessions = (await admin.get("/admin/sessions")).json()["sessions"]
-                    called = [s for s in sessions if s.get("n_calls", 0) >= 1]
-                    if called:
-                        await admin.delete(f"/admin/sessions/{called[0]['session_id']}")
-                        return
-                    await asyncio.sleep(0.05)
+                    return [s for s in sessions if s.get("n_calls", 0) >= 1]
+
+                first = await until(called, "a session with its first call")
+                await admin.delete(f"/admin/sessions/{first[0]['session_id']}")
 
         deleter = asyncio.create_task(delete_after_first_call())
         result = await factory.rollout(seed=0)
