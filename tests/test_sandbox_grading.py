@@ -8,7 +8,6 @@ alive, and the grading dirs are fresh real dirs whatever the agent left in their
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -60,13 +59,13 @@ async def _inside_pids(box: BwrapSandbox) -> list[str]:
     return (await _sh(box, script))[1].split()
 
 
-async def _wait_for(box: BwrapSandbox, condition: str, what: str, deadline_s: float = 30) -> None:
-    """Poll a shell condition inside the sandbox until it holds (generous deadline)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while (await _sh(box, condition))[0] != 0:
-        assert loop.time() < end, f"timed out after {deadline_s} s waiting for {what}"
-        await asyncio.sleep(0.05)
+async def _wait_for(box: BwrapSandbox, condition: str, what: str) -> None:
+    """Poll a shell condition inside the sandbox until it holds (tests/waiting's deadline)."""
+
+    async def holds() -> bool:
+        return (await _sh(box, condition))[0] == 0
+
+    await until(holds, what)
 
 
 async def test_a_clean_sandbox_shows_no_evidence(sandbox: BwrapSandbox) -> None:
