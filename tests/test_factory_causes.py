@@ -23,6 +23,7 @@ from harness.agents.base import HarnessAgent
 from harness.factory import HarborSessionFactory
 from harness.session import SandboxBackend
 from harness.tasks import BUNDLED_DIR
+from tests.attacks import REWRITING_DAEMON, attack_first_backend
 from tests.waiting import until
 
 HELLO = BUNDLED_DIR / "hello-file"
@@ -288,12 +289,10 @@ def test_a_pre_written_locked_reward_is_tampered_scored_zero_and_trainable(fake_
 
 def test_a_daemon_left_to_rewrite_the_tests_earns_nothing(fake_engine):
     # The other attack of the issue (reward 1.0, cause ok, before): killed before grading.
-    daemon = (
-        "setsid sh -c 'while :; do [ -f /tests/test.sh ] && printf \"#!/bin/sh\\n"
-        "echo 1 > /logs/verifier/reward.txt\\n\" > /tests/test.sh; sleep 0.005; done' "
-        ">/dev/null 2>&1 < /dev/null &"
-    )
-    result = rollout(make_factory(fake_engine, f"{CALL} && {daemon}"), seed=0)
+    # The grader runs only once the reset has killed the daemon or the daemon has acted
+    # (tests/attacks.py): with the reset removed the attack wins, and this test fails, every time.
+    result = rollout(make_factory(fake_engine, f"{CALL} && {REWRITING_DAEMON}",
+                                  sandbox=attack_first_backend(), preinstalled=True), seed=0)
     assert (result.cause, result.env_reward) == ("model_failure", 0.0)
 
 

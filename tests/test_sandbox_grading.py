@@ -28,9 +28,9 @@ from harness.sandboxes import (
     environment_config,
     process_cap_mode,
 )
-from harness.sandboxes.bwrap import BwrapEnvironment
 from harness.sandboxes.local import GRADING_ENV, GRADING_HOME
 from harness.sandboxes.mounts import usr_links, venv_binds
+from tests.attacks import REWRITING_DAEMON
 from tests.waiting import until
 
 TASK = Path(__file__).parent / "fixtures" / "integrity-task"
@@ -331,44 +331,13 @@ async def _trial_reward(tmp_path: Path, script: str, environment: Any = None) ->
     return await (await Trial.create(config)).run()
 
 
-# The daemon's rewrite of /tests/test.sh carries this line, so the test can see that it acted.
-REWRITTEN = "# REWRITTEN-BY-DAEMON"
-
-
-class AttackFirstEnvironment(BwrapEnvironment):
-    """The local environment, except that the verifier's test command waits until the race is
-    settled: either the grading reset killed the agent's processes (its evidence, `killed >= 1`)
-    or the agent's daemon has rewritten /tests/test.sh. Without the wait, whether a live daemon
-    rewrites the file before the grader reads it is a race the defence's absence could win."""
-
-    async def exec(self, command: str, *args: Any, **kwargs: Any) -> Any:
-        if command.strip().endswith("test-stdout.txt 2>&1"):  # Harbor's verifier test command
-            assert self.sandbox is not None
-
-            sandbox = self.sandbox
-
-            async def settled() -> bool:
-                if any(reset.killed >= 1 for reset in self.grading_resets):
-                    return True
-                check = await sandbox.shell(f"grep -qx -- '{REWRITTEN}' /tests/test.sh")
-                return check.return_code == 0
-
-            await until(settled, "the grading reset, or the daemon's rewrite of the tests")
-        return await super().exec(command, *args, **kwargs)
-
-
 async def test_harbor_trial_a_setsid_daemon_rewriting_the_tests_earns_nothing(tmp_path: Path):
-    # The daemon rewrites the tests whenever they are not its own; the grader runs only once the
-    # reset has killed it or it has acted (AttackFirstEnvironment), so with the reset removed the
-    # attack wins every time, and this test fails every time.
+    # The grader runs only once the reset has killed the daemon or the daemon has acted
+    # (tests/attacks.py): with the reset removed the attack wins, and this test fails, every time.
     result = await _trial_reward(
-        tmp_path,
-        "setsid sh -c 'while :; do if [ -f /tests/test.sh ] && "
-        f"! grep -qx -- \"{REWRITTEN}\" /tests/test.sh; then "
-        f"printf \"#!/bin/sh\\n{REWRITTEN}\\necho 1 > /logs/verifier/reward.txt\\n\" "
-        "> /tests/test.sh; fi; sleep 0.005; done' >/dev/null 2>&1 < /dev/null &",
+        tmp_path, REWRITING_DAEMON,
         environment=environment_config("local").model_copy(
-            update={"import_path": f"{__name__}:AttackFirstEnvironment"}),
+            update={"import_path": "tests.attacks:AttackFirstEnvironment"}),
     )
     assert result.verifier_result is not None, result.exception_info
     assert result.verifier_result.rewards == {"reward": 0}
