@@ -79,6 +79,22 @@ def test_parent_lookup_works_when_the_parent_is_no_longer_a_hot_leaf():
     assert child.parent_id == "main"
 
 
+def test_a_late_retry_that_sampled_less_is_not_the_parent_of_the_original_continuation():
+    """The hot path finds the retry (hot, and its shorter end is a prefix of the continuation);
+    the original, pushed out of the hot set by side calls, ends further: it must be re-checked."""
+    graph = RolloutGraph()
+    _add(graph, "orig", [1, 2], [3, 4])
+    for i in range(HOT_LEAVES + 1):  # side calls push "orig" out of the hot set
+        _add(graph, f"side{i}", [100 + i, 7], [8])
+    retry = _add(graph, "retry", [1, 2], [3])  # the same call again; it sampled a prefix
+    assert retry.parent_id is None
+    cont = _add(graph, "cont", [1, 2, 3, 4, 5], [6])  # continues the ORIGINAL answer
+    assert cont.parent_id == "orig"
+    assert oracle_parent([1, 2, 3, 4, 5], [(n.node_id, n.prompt_ids().tolist(),
+                                            n.completion.tolist()) for n in graph if n is not cont]
+                         ) == "orig"
+
+
 def test_each_node_stores_only_new_tokens_so_storage_grows_with_the_conversation():
     graph = RolloutGraph()
     prompt = list(range(1, 4001))  # a 4k-token system prompt
@@ -177,6 +193,22 @@ def test_prompt_ids_are_cut_from_the_raw_reply_and_the_rest_parses_without_them(
     assert loads(stripped)["choices"][0]["message"]["content"] == '"prompt_token_ids": [9]'
 
 
+def test_a_nested_prompt_token_ids_key_before_the_top_level_one_is_read_the_certain_way():
+    """The shortcut cuts the FIRST `"prompt_token_ids": [...]`; here that is a nested one (inside
+    a choice), so the reply must be parsed whole and the top-level ids taken, never the nested."""
+    from capture.upstream import _parse_reply
+
+    raw = (b'{"choices":[{"message":{"content":"hi"},"prompt_token_ids": [9]}],'
+           b'"prompt_token_ids": [1, 2, 30],"usage":{}}')
+    reply, text = _parse_reply(raw)
+    ids = text.ids().tolist() if text is not None else reply["prompt_token_ids"]
+    assert ids == [1, 2, 30]
+    assert reply["choices"][0]["prompt_token_ids"] == [9]  # the nested list left as sent
+    # and the usual reply (top-level key first) still takes the shortcut
+    reply, text = _parse_reply(b'{"prompt_token_ids":[4,5],"choices":[]}')
+    assert reply["prompt_token_ids"] is None and text.ids().tolist() == [4, 5]
+
+
 @pytest.mark.parametrize("text", [b"-5,6", b"1,2,x", b"1,2.5", b"1,99999999999"])
 def test_prompt_ids_that_are_not_token_ids_are_refused_on_a_new_root(text):
     from capture.tokens import IdText
@@ -207,8 +239,9 @@ def test_a_retry_of_a_call_that_sampled_nothing_is_its_sibling_not_its_child():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_parents_match_a_brute_force_oracle_over_random_sessions(seed):
-    """Continues, retries, branches off old turns, interleaved conversations, rewrites: every
-    parent is the oracle's longest prefix, whichever path (hot leaf, hot parent, full descent)
+    """Continues, retries (also late ones, after more side calls than hot slots, followed by a
+    continuation of the original), branches off old turns, interleaved conversations, rewrites:
+    every parent is the oracle's longest prefix, whichever path (hot leaf, hot parent, full descent)
     the graph took to find it."""
     import random
 
@@ -218,9 +251,28 @@ def test_parents_match_a_brute_force_oracle_over_random_sessions(seed):
     graph = RolloutGraph()
     ends: list[tuple[str, list[int]]] = []  # (node_id, prompt + completion)
     prompts: list[list[int]] = []
+    scripted: list[tuple[list[int], list[int]]] = []  # queued (prompt, completion) calls
     for i in range(120):
         action = rng.random()
-        if not ends or action < 0.1:  # a new conversation (or a rewritten history)
+        completion = None
+        if scripted:
+            prompt, completion = scripted.pop(0)
+        elif ends and action < 0.06:
+            # A retry of an old call after more side calls than there are hot slots, answered
+            # with a prefix of the original's answer, then a continuation of the ORIGINAL: the
+            # hot path meets the retry first; the original must still win (it ends further).
+            old_id, old_end = rng.choice(ends)
+            old = graph.nodes[old_id]
+            old_prompt, old_completion = old_end[: old.prompt_len], old_end[old.prompt_len:]
+            side = [([200 + rng.randrange(50), i, k], [rng.randrange(1, 50)])
+                    for k in range(HOT_LEAVES + rng.randrange(1, 4))]
+            cut = rng.randrange(0, len(old_completion))
+            # a retry that sampled nothing is its own case (same prompt again); keep one token
+            retry_completion = old_completion[: max(cut, 1)] if len(old_completion) > 1 else [49]
+            scripted = side + [(old_prompt, retry_completion),
+                               (old_end + [rng.randrange(1, 50)], [rng.randrange(1, 50)])]
+            prompt, completion = scripted.pop(0)
+        elif not ends or action < 0.1:  # a new conversation (or a rewritten history)
             prompt = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 6))]
         elif action < 0.6:  # the next turn of the newest conversation
             prompt = ends[-1][1] + [rng.randrange(1, 50) for _ in range(rng.randrange(0, 4))]
@@ -229,7 +281,8 @@ def test_parents_match_a_brute_force_oracle_over_random_sessions(seed):
         else:  # a branch off any earlier turn (a subagent, an agent going back)
             prompt = rng.choice(ends)[1] + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 4))]
         # an engine samples at least one token (an immediate stop is its stop token)
-        completion = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 4))]
+        if completion is None:
+            completion = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 4))]
         node = graph.add(f"n{i}", IdText.from_ids(prompt), completion, [-0.5] * len(completion))
         earlier = [(n.node_id, n.prompt_ids().tolist(), n.completion.tolist())
                    for n in graph.nodes.values() if n is not node]

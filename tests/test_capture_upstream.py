@@ -23,6 +23,7 @@ import pytest
 from capture.errors import EngineDisconnected, EngineHTTPError, EngineTimeout, EngineUnreachable
 from capture.fake_engine import FakeEngine
 from capture.upstream import EngineClient
+from tests.waiting import until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
@@ -129,7 +130,10 @@ def test_a_stream_is_passed_on_as_it_arrives_then_the_connection_is_reused():
             gate.set()
         await stream.aclose()
         assert batches == [[{"first": 1}], [{"second": 2}]]
-        await asyncio.sleep(0.05)  # the stream's end (its last chunk) is read before reuse
+        # aclose() hands the connection back once the request's writer is done (aiohttp may
+        # defer it to a callback): wait for that, not for a fixed while.
+        await until(lambda: stream._response.connection is None,
+                    "the finished stream's connection to go back to the pool")
         assert await engine.complete_raw(CHAT) == b"again"
         assert len(connections) == 1
         await engine.aclose()

@@ -21,6 +21,7 @@ import pytest
 
 import capture.dialects as dialects_pkg
 from capture.dialects import DIALECTS, Dialect
+from tests.dialect_decode import decode_reply, decode_stream
 from tests.fixtures.dialects.fake_engine import engine_chunks, engine_reply
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dialects"
@@ -135,15 +136,19 @@ def test_opencode_title_call_has_no_tools():
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_replies_to_real_bodies_encode_in_both_modes(path):
+def test_replies_to_real_bodies_round_trip_in_both_modes(path):
+    """What the engine said (reasoning, text, two tool calls) is what the agent reads back, from
+    the whole reply and from the stream assembled from its deltas."""
     record = load(path)
     dialect = DIALECTS[record["dialect"]]
     body = record["body"]
-    reply = engine_reply(reasoning="r", content="c", tool_calls=[("x", {"a": 1})])
-    assert isinstance(dialect.from_chat(reply, body), dict)
+    said = ("weigh it", "Running two commands.",
+            [("bash", {"command": "echo 'a \"b\"'"}), ("read", {"path": "/app/x", "n": 2})])
+    reply = engine_reply(reasoning=said[0], content=said[1], tool_calls=said[2])
+    assert decode_reply(record["dialect"], dialect.from_chat(reply, body)) == said
     encoder = dialect.stream_encoder(body)
     data = b"".join(encoder.on_chunk(c) for c in engine_chunks(reply)) + encoder.finish()
-    assert data.endswith(b"\n\n")
+    assert decode_stream(record["dialect"], data) == said
 
 
 def test_registry_names_match_their_dialects():

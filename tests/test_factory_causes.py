@@ -23,6 +23,8 @@ from harness.agents.base import HarnessAgent
 from harness.factory import HarborSessionFactory
 from harness.session import SandboxBackend
 from harness.tasks import BUNDLED_DIR
+from tests.attacks import REWRITING_DAEMON, attack_first_backend
+from tests.waiting import until
 
 HELLO = BUNDLED_DIR / "hello-file"
 
@@ -160,13 +162,13 @@ def test_a_proxy_session_deleted_mid_run_is_an_infra_failure_not_retried(fake_en
         async def delete_after_first_call() -> None:
             headers = {"Authorization": f"Bearer {factory.proxy.admin_key}"}
             async with httpx.AsyncClient(base_url=factory.proxy.url, headers=headers) as admin:
-                while True:
+
+                async def called() -> list[dict]:
                     sessions = (await admin.get("/admin/sessions")).json()["sessions"]
-                    called = [s for s in sessions if s.get("n_calls", 0) >= 1]
-                    if called:
-                        await admin.delete(f"/admin/sessions/{called[0]['session_id']}")
-                        return
-                    await asyncio.sleep(0.05)
+                    return [s for s in sessions if s.get("n_calls", 0) >= 1]
+
+                first = await until(called, "a session with its first call")
+                await admin.delete(f"/admin/sessions/{first[0]['session_id']}")
 
         deleter = asyncio.create_task(delete_after_first_call())
         result = await factory.rollout(seed=0)
@@ -287,12 +289,10 @@ def test_a_pre_written_locked_reward_is_tampered_scored_zero_and_trainable(fake_
 
 def test_a_daemon_left_to_rewrite_the_tests_earns_nothing(fake_engine):
     # The other attack of the issue (reward 1.0, cause ok, before): killed before grading.
-    daemon = (
-        "setsid sh -c 'while :; do [ -f /tests/test.sh ] && printf \"#!/bin/sh\\n"
-        "echo 1 > /logs/verifier/reward.txt\\n\" > /tests/test.sh; sleep 0.005; done' "
-        ">/dev/null 2>&1 < /dev/null &"
-    )
-    result = rollout(make_factory(fake_engine, f"{CALL} && {daemon}"), seed=0)
+    # The grader runs only once the reset has killed the daemon or the daemon has acted
+    # (tests/attacks.py): with the reset removed the attack wins, and this test fails, every time.
+    result = rollout(make_factory(fake_engine, f"{CALL} && {REWRITING_DAEMON}",
+                                  sandbox=attack_first_backend(), preinstalled=True), seed=0)
     assert (result.cause, result.env_reward) == ("model_failure", 0.0)
 
 

@@ -8,7 +8,6 @@ alive, and the grading dirs are fresh real dirs whatever the agent left in their
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -31,6 +30,8 @@ from harness.sandboxes import (
 )
 from harness.sandboxes.local import GRADING_ENV, GRADING_HOME
 from harness.sandboxes.mounts import usr_links, venv_binds
+from tests.attacks import REWRITING_DAEMON
+from tests.waiting import until
 
 TASK = Path(__file__).parent / "fixtures" / "integrity-task"
 
@@ -58,13 +59,13 @@ async def _inside_pids(box: BwrapSandbox) -> list[str]:
     return (await _sh(box, script))[1].split()
 
 
-async def _wait_for(box: BwrapSandbox, condition: str, what: str, deadline_s: float = 30) -> None:
-    """Poll a shell condition inside the sandbox until it holds (generous deadline)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while (await _sh(box, condition))[0] != 0:
-        assert loop.time() < end, f"timed out after {deadline_s} s waiting for {what}"
-        await asyncio.sleep(0.05)
+async def _wait_for(box: BwrapSandbox, condition: str, what: str) -> None:
+    """Poll a shell condition inside the sandbox until it holds (tests/waiting's deadline)."""
+
+    async def holds() -> bool:
+        return (await _sh(box, condition))[0] == 0
+
+    await until(holds, what)
 
 
 async def test_a_clean_sandbox_shows_no_evidence(sandbox: BwrapSandbox) -> None:
@@ -319,23 +320,24 @@ class ScriptAgent(BaseAgent):
         await environment.exec(self.script, timeout_sec=60)
 
 
-async def _trial_reward(tmp_path: Path, script: str) -> Any:
+async def _trial_reward(tmp_path: Path, script: str, environment: Any = None) -> Any:
     config = TrialConfig(
         task=TaskConfig(path=TASK),
         trials_dir=tmp_path,
         trial_name="attack",
         agent=AgentConfig(import_path=f"{__name__}:ScriptAgent", kwargs={"script": script}),
-        environment=environment_config("local"),
+        environment=environment or environment_config("local"),
     )
     return await (await Trial.create(config)).run()
 
 
 async def test_harbor_trial_a_setsid_daemon_rewriting_the_tests_earns_nothing(tmp_path: Path):
+    # The grader runs only once the reset has killed the daemon or the daemon has acted
+    # (tests/attacks.py): with the reset removed the attack wins, and this test fails, every time.
     result = await _trial_reward(
-        tmp_path,
-        "setsid sh -c 'while :; do [ -f /tests/test.sh ] && printf \"#!/bin/sh\\n"
-        "echo 1 > /logs/verifier/reward.txt\\n\" > /tests/test.sh; sleep 0.005; done' "
-        ">/dev/null 2>&1 < /dev/null &",
+        tmp_path, REWRITING_DAEMON,
+        environment=environment_config("local").model_copy(
+            update={"import_path": "tests.attacks:AttackFirstEnvironment"}),
     )
     assert result.verifier_result is not None, result.exception_info
     assert result.verifier_result.rewards == {"reward": 0}

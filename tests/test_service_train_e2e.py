@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -26,6 +25,7 @@ from harness.errors import TRAINABLE_CAUSES
 from launchers.engine import Engine
 from launchers.paths import REPO_ROOT
 from tests.service_helpers import start_service
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.agents, pytest.mark.slow]
 
@@ -47,21 +47,22 @@ def test_two_services_train_and_one_killed_mid_run_costs_only_its_rollouts(tiny_
             stdout=(tmp_path / "trainer.log").open("w"), stderr=subprocess.STDOUT)
         try:
             # Kill A once it is running a rollout (and after at least one step, when it can).
-            deadline = time.monotonic() + 600
-            killed_after_records = None
-            while time.monotonic() < deadline and trainer.poll() is None:
+            def a_busy_after_the_first_group() -> int:
+                """The records written so far, once A runs a rollout after the first group."""
+                assert trainer.poll() is None, (
+                    "the trainer ended before service A ran a rollout after the first group: "
+                    + (tmp_path / "trainer.log").read_text()[-3000:])
                 m = httpx.get(f"{a.url}/metrics", headers={"Authorization": f"Bearer {KEY}"},
                               timeout=10).json()
                 index = out / "rollouts.jsonl"
                 recorded = len(index.read_text().splitlines()) if index.exists() else 0
-                if m["in_flight"] > 0 and recorded >= 2:
-                    a.kill()
-                    killed_after_records = recorded
-                    break
-                time.sleep(0.5)
-            assert killed_after_records is not None, (
-                "service A never ran a rollout after the first group: "
-                + (tmp_path / "trainer.log").read_text()[-3000:])
+                return recorded if m["in_flight"] > 0 and recorded >= 2 else 0
+
+            killed_after_records = wait_until(
+                a_busy_after_the_first_group, "service A to run a rollout after the first group",
+                timeout_s=600, interval_s=0.5,
+                state=lambda: (tmp_path / "trainer.log").read_text()[-3000:])
+            a.kill()
             trainer.wait(timeout=900)
             b_metrics = httpx.get(f"{b.url}/metrics", headers={"Authorization": f"Bearer {KEY}"},
                                   timeout=10).json()

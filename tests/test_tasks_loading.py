@@ -1,9 +1,10 @@
 # Run: .venv/bin/python -m pytest tests/test_tasks_loading.py -x -q
 """Loading Harbor tasks: folders, bundled, registry datasets, HF repos; selection; typed errors.
 
-There is no network here: the registry is exercised for real through a local JSON registry
+No test here uses the network: the registry is exercised for real through a local JSON registry
 (Harbor's own client and task cache), and the networked paths are checked to fail fast with
-the offline fix in the message.
+the offline fix in the message with the network blocked in-process (tests/network.py), so
+they mean the same on a machine that has network.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from harness.tasks import (
     load_tasks,
     select_tasks,
 )
+from tests.network import block_network
 
 
 def _copy_task(tmp_path: Path, name: str = "hello-file") -> Path:
@@ -161,14 +163,20 @@ def test_an_unknown_dataset_in_a_registry_is_a_source_error(tmp_path: Path):
         load_registry("missing@1.0", registry_path=registry)
 
 
-def test_the_default_registry_offline_fails_fast_naming_the_offline_fix():
+def test_the_default_registry_offline_fails_fast_naming_the_offline_fix(monkeypatch):
+    # Offline by force, not by the machine: every lookup and connection is refused (and seen).
+    attempts = block_network(monkeypatch)
     with pytest.raises(TaskSourceUnavailableError, match="harbor datasets download"):
         load_source("registry:terminal-bench@2.0")
+    assert attempts, "the registry was never asked: the error is not the offline one"
 
 
-def test_an_hf_dataset_repo_offline_fails_naming_the_offline_fix():
+def test_an_hf_dataset_repo_offline_fails_naming_the_offline_fix(monkeypatch, tmp_path):
+    attempts = block_network(monkeypatch)
     with pytest.raises(TaskSourceUnavailableError, match="hf download --repo-type dataset"):
-        load_source("hf:harness-test/no-such-tasks@main:tasks")
+        # an empty cache: nothing to fall back on
+        load_source("hf:harness-test/no-such-tasks@main:tasks", cache_dir=tmp_path / "hf")
+    assert attempts, "the hub was never asked: the error is not the offline one"
 
 
 def test_an_hf_dataset_repo_in_the_local_cache_loads_its_tasks(tmp_path: Path):

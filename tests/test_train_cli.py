@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.errors import CAUSES
 from harness.eval import pass_rate_table
 from harness.preflight import preflight
 from harness.run_config import (
@@ -180,8 +181,25 @@ def test_pass_rate_counts_unscored_rollouts_apart_from_fails() -> None:
 def test_summary_tables_show_causes_steps_and_phases() -> None:
     records = [{"cause": "ok", "timings": {"total": 2.0}}, {"cause": "infra_failure", "timings": {}}]
     history = [{"reward/mean": 0.5, "loss": 0.1, "tokens/trained": 40, "groups/skipped/zero_variance": 1}]
-    titles = [t.title for t in summary_tables(records, history, {"engine_start_s": 30.0})]
-    assert titles == ["Rollouts by cause", "Training steps", "Time per phase (s)"]
+    tables = summary_tables(records, history, {"engine_start_s": 30.0})
+    assert [t.title for t in tables] == ["Rollouts by cause", "Training steps",
+                                         "Time per phase (s)"]
+
+    def rows(table) -> list[tuple[str, ...]]:  # a table's cells, row by row, as printed
+        return list(zip(*(map(str, column.cells) for column in table.columns), strict=True))
+
+    causes, steps, phases = tables
+    counted = dict(rows(causes))
+    assert (counted["ok"], counted["infra_failure"], counted["total"]) == ("1", "1", "2")
+    assert set(counted) == {*CAUSES, "total"}  # every cause listed, the absent ones at 0
+    assert all(counted[c] == "0" for c in CAUSES if c not in ("ok", "infra_failure"))
+    assert [c.header for c in steps.columns] == ["step", "reward mean", "loss", "tokens trained",
+                                                 "groups skipped", "sync s"]
+    (step,) = rows(steps)
+    assert step[0] == "1" and float(step[1]) == 0.5 and float(step[2]) == 0.1
+    assert step[3:5] == ("40", "1")
+    # the run's phases, then each rollout phase's mean over the rollouts that had it
+    assert rows(phases) == [("engine_start_s", "30.0"), ("rollout total (mean)", "2.0")]
 
 
 def test_the_defaults_resolve_the_learning_rate_and_the_held_out_split_from_the_run() -> None:

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +23,7 @@ from harness.errors import CAUSES, TRAINABLE_CAUSES
 from harness.eval import run_eval
 from harness.run_config import RunSettings
 from launchers.paths import REPO_ROOT
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.agents, pytest.mark.slow]
 
@@ -69,11 +69,13 @@ def test_ctrl_c_stops_the_engine_and_the_rollout_service_it_started(tmp_path: Pa
                                   str(out)], cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT,
                                  preexec_fn=_sigint_default)
     try:
-        deadline = time.monotonic() + 600
-        # The line printed once the engine and the service both serve.
-        while "rollout service" not in log.read_text() and time.monotonic() < deadline:
+        def serving() -> bool:
+            """The line printed once the engine and the service both serve."""
             assert train.poll() is None, log.read_text()[-3000:]
-            time.sleep(1)
+            return "rollout service" in log.read_text()
+
+        wait_until(serving, "the engine and the rollout service to serve", timeout_s=600,
+                   interval_s=1.0, state=lambda: log.read_text()[-3000:])
         assert (out / "service" / "private" / "ready.json").exists(), log.read_text()[-3000:]
         train.send_signal(signal.SIGINT)  # what Ctrl-C sends the command
         # Either status is a clean Ctrl-C exit (a shell shows both as $? 130): main returns 130,

@@ -163,3 +163,36 @@ def test_tokens_sampled_by_a_newer_version_are_counted_not_clamped_silently():
     m = stats.metrics()
     assert m["staleness/ahead_tokens"] == 4.0
     assert m["staleness/max"] == 0.0 and m["staleness/mean"] == 0.0
+
+
+def _expected_step_loss(trainer, rows: list[Row], advantages: list[float], norm: str) -> float:
+    """The step's loss computed outside run_step: pack with `norm`, forward, policy_loss."""
+    from trainer.forward import microbatch_logprobs
+
+    args = trainer.args
+    mbs, _ = pack_rows(rows, [r.loss_mask for r in rows], advantages,
+                       budget=loop._pack_budget(trainer.model, rows, args.max_tokens_per_microbatch),
+                       norm=norm)
+    total = 0.0
+    with torch.no_grad():
+        for mb in mbs:
+            logp, entropy = microbatch_logprobs(trainer.model, mb, args.temperature)
+            loss, _ = policy_loss(logp, mb.behaviour_logprobs, mb.advantages, mb.token_weight,
+                                  loss_type=args.loss_type, epsilon=args.epsilon,
+                                  epsilon_high=args.epsilon_high, is_cap=args.is_cap,
+                                  beta=0.0, entropy=entropy)
+            total += loss.item()
+    return total
+
+
+def test_a_step_with_loss_norm_sequence_trains_with_sequence_weights(tmp_path):
+    """The config reaches the packer: the step's loss is the per-rollout mean, which for these
+    rows (6 trainable tokens at A = +1 against 2 at A = -1) is far from the token mean."""
+    trainer = _trainer(_seeded_tiny_model(), tmp_path, loss_norm="sequence")
+    rows = [_row(14, 6, "a"), _row(10, 2, "b")]
+    advantages = [1.0, -1.0]
+    sequence = _expected_step_loss(trainer, rows, advantages, "sequence")
+    token = _expected_step_loss(trainer, rows, advantages, "token")
+    assert abs(sequence - token) > 0.1  # the two normalisations are told apart here
+    metrics = run_step(trainer, StepInput(rows=rows, advantages=advantages))
+    assert metrics["loss"] == pytest.approx(sequence, rel=1e-4, abs=1e-6)

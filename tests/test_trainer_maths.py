@@ -119,3 +119,16 @@ def test_tokens_over_the_staleness_bound_train_and_are_counted_by_rule_correct()
     masks, stats = apply_staleness(rows, policy_version=4, max_staleness=2, rule="correct")
     assert masks[0] == [0, 1, 1, 1]
     assert (stats.over_bound_tokens, stats.dropped_tokens, stats.stale_tokens) == (2, 0, 3)
+
+
+def test_a_turn_that_straddled_a_weight_update_ages_from_its_start_version():
+    """Sampling began under version 1 and ended under 3: at version 3 with max_staleness 1 its
+    tokens are 2 versions old (over the bound), not 0 (what the end version would say)."""
+    trace = make_trace(make_turn([1], [2, 3], node_id="a", version=(1, 3)))
+    rows, report = trace_to_rows(trace)
+    assert report.straddled_turns == 1
+    masks, stats = apply_staleness(rows, policy_version=3, max_staleness=1, rule="drop")
+    assert masks[0] == [0, 0, 0]  # dropped to context
+    assert (stats.over_bound_tokens, stats.dropped_tokens, stats.staleness_max) == (2, 2, 2)
+    masks, stats = apply_staleness(rows, policy_version=3, max_staleness=1, rule="correct")
+    assert masks[0] == [0, 1, 1] and stats.staleness_sum == 4 and stats.stale_tokens == 2

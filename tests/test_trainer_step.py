@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.waiting import until
+from tests.waiting import until, wait_until
 from trainer.config import AsyncGRPOConfig
 from trainer.errors import CaptureError
 from trainer.fakes import ReplaySource, make_trace, make_turn, synthetic_trace
@@ -144,20 +144,21 @@ def test_admission_keeps_the_producer_at_most_max_staleness_steps_ahead():
         producer = _producer(source, max_staleness=2)
         seeds = lambda: sorted({s for s, _ in source.calls})  # noqa: E731
         producer.start()
-        # Wait until the admitted groups have started, then a while more: a producer that ran
-        # ahead would start group 3 in that while (a loaded machine can only hide it, not fake it).
+        # The dispatcher admits groups in one burst, without yielding to the loop, until the
+        # bound stops it: by the time any admitted group's rollout runs, `next_dispatch` is the
+        # first group the bound holds back. A producer that ran ahead would show it here, on
+        # any machine's timing (no "wait a while and see").
         await until(lambda: len(seeds()) >= 3, "groups 0-2 to start", state=seeds)
-        await asyncio.sleep(0.2)
-        before = seeds()
+        before = seeds(), producer.next_dispatch
         await producer.step_done(1)
         await until(lambda: len(seeds()) >= 4, "group 3 to start after a step", state=seeds)
-        await asyncio.sleep(0.2)
-        after = seeds()
+        after = seeds(), producer.next_dispatch
         await producer.stop()
         return before, after
 
     before, after = asyncio.run(run())
-    assert before == [0, 1, 2] and after == [0, 1, 2, 3]  # g // 1 <= steps_done + 2
+    assert before == ([0, 1, 2], 3)  # g // 1 <= steps_done + 2
+    assert after == ([0, 1, 2, 3], 4)
 
 
 def _tasks_trained(seed: int | None, groups: int, n: int = 6, start_group: int = 0) -> list[str]:
@@ -239,13 +240,15 @@ def test_resume_after_a_kill_reproduces_the_data_position_and_the_weights(tmp_pa
     script = _KILLED_RUN.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(out))
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def at_checkpoint_3() -> bool:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        latest = out / "latest"  # rewritten after the checkpoint folder is renamed into place
+        return latest.exists() and latest.read_text().strip() == "checkpoint-3"
+
     try:
-        deadline = time.monotonic() + 240
-        while not (out / "checkpoint-3" / "trainer_state.pt").exists():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the run never reached its third checkpoint"
-            time.sleep(0.5)
-        time.sleep(1.0)
+        # Then the run waits on group 3's rollouts (they never return): the kill lands there.
+        wait_until(at_checkpoint_3, "the run to complete its third checkpoint", timeout_s=240,
+                   interval_s=0.2)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -153,7 +153,11 @@ def test_the_viewer_shows_a_real_run_in_chromium(runs: dict[str, Path], tmp_path
             page = await browser.new_page(1400, 1000)
 
             async def shot(name: str) -> None:
-                await asyncio.sleep(0.3)  # uPlot paints on the next animation frame
+                # uPlot paints on the next animation frame: wait for two to have run (a frame
+                # that never comes is an error after 30 s, not a hang).
+                await page.eval("new Promise((ok, no) => { setTimeout(() => no(new Error("
+                                "'no animation frame in 30 s')), 30000); requestAnimationFrame("
+                                "() => requestAnimationFrame(() => ok(true))); })")
                 png = await page.screenshot(shots / f"view-{name}.png")
                 assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
                 if docs:

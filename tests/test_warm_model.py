@@ -25,6 +25,8 @@ from launchers.warm_model import REBUILD, WARM_MODEL, committed_warm_model, synt
 from trainer.loop import _pack_budget
 from trainer.rows import Row
 
+FIXTURES = Path(__file__).parent / "fixtures"
+
 
 def test_the_default_model_is_the_committed_warm_start_with_every_file_hashed() -> None:
     resolved = resolve_model(None)
@@ -49,6 +51,57 @@ def test_it_saw_the_train_instances_only_and_left_rl_room_on_the_held_out_ones()
     # a model that ignored the instruction would (the build before synthetic words: word 19%).
     assert max(probe["after"]["heldout"]["word"], probe["after"]["heldout"]["file"]) >= 0.5
     assert build["synthetic"] > 0 and build["bare_steps"] > 0
+
+
+def _word_ranks(model_dir: Path) -> list[int]:
+    """Per held-out instance, the rank (0 = first) of its own word among the family's words, by
+    the model's log-probability of the whole tool call `echo WORD > FILE` after mini-swe-agent's
+    real first prompt (the recorded fixture, with the instance's instruction in it). Teacher-
+    forced, so nothing sampled: the same number on every run."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.scripted_engine import tool_call
+
+    fixture = FIXTURES / "dialects" / "mini" / "00_chat.json"
+    body = json.loads(fixture.read_text())["body"]
+    recorded = "Say hi by running echo hi in the shell."  # the fixture's own instruction
+    assert recorded in body["messages"][1]["content"]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ranks = []
+    for task in family_tasks("heldout"):
+        messages = [dict(m) for m in body["messages"]]
+        messages[1]["content"] = messages[1]["content"].replace(recorded,
+                                                                task.instruction.strip())
+        prompt = tok.apply_chat_template(messages, tools=body["tools"],
+                                         add_generation_prompt=True, tokenize=False)
+        p = tok.encode(prompt, add_special_tokens=False)
+        file = task.metadata["file"]
+        calls = [tok.encode(tool_call("bash", command=f"echo {w} > {file}"),
+                            add_special_tokens=False) for w in WORDS]
+        width = len(p) + max(map(len, calls))
+        ids = torch.zeros(len(calls), width, dtype=torch.long)
+        for i, c in enumerate(calls):  # right-padded: a causal model never sees the padding
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits.float(), -1)
+        scores = [logp[i, len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(c)[:, None])
+                  .sum().item() for i, c in enumerate(calls)]
+        order = sorted(range(len(WORDS)), key=lambda i: -scores[i])
+        ranks.append(order.index(WORDS.index(task.metadata["word"])))
+    return ranks
+
+
+def test_on_held_out_instructions_the_warm_model_names_the_asked_word_and_the_base_does_not():
+    """Measured from the weights, not read from BUILD.json: after mini-swe-agent's prompt the
+    warm start ranks the instance's own word first on held-out instances (measured: 12 of 12),
+    and the base tiny model it was built from is at chance (mean rank 1.5 of 0-3): the check
+    can fail, and the warm start's word figure in BUILD.json is not a number only written."""
+    warm, base = _word_ranks(WARM_MODEL), _word_ranks(COMMITTED_MODEL)
+    assert sum(r == 0 for r in warm) >= 0.75 * len(warm), warm
+    assert sum(base) / len(base) >= 1.0, base  # chance is (len(WORDS) - 1) / 2 = 1.5
+    build = json.loads((WARM_MODEL / "BUILD.json").read_text())
+    assert build["first_turn_probe"]["after"]["heldout"]["word"] >= 0.5  # agrees
 
 
 def test_the_synthetic_instructions_teach_no_family_word_or_name() -> None:

@@ -13,8 +13,9 @@ the condition and, with `state`, what was seen last, instead of a bare `assert F
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 __all__ = ["GENEROUS_S", "until", "wait_until"]
@@ -41,12 +42,16 @@ def wait_until[T](condition: Callable[[], T], what: str, *, timeout_s: float = G
         time.sleep(interval_s)
 
 
-async def until[T](condition: Callable[[], T], what: str, *, timeout_s: float = GENEROUS_S,
-                interval_s: float = 0.05, state: Callable[[], Any] | None = None) -> T:
-    """`wait_until` for a coroutine: sleeps on the event loop between polls."""
+async def until[T](condition: Callable[[], T | Awaitable[T]], what: str, *,
+                timeout_s: float = GENEROUS_S, interval_s: float = 0.05,
+                state: Callable[[], Any] | None = None) -> T:
+    """`wait_until` for a coroutine: sleeps on the event loop between polls. `condition` may
+    be a coroutine function (a check that itself awaits, e.g. a command in a sandbox)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() > deadline:
