@@ -6,9 +6,11 @@ The audit is CI's check of the bundled tasks and the generated families: every a
 hostile policy, the local sandbox with its grading reset, Harbor's Verifier. No bundled or family
 task may pay reward for a wrong answer.
 
-The control is a task whose grader is open on purpose (it imports its JSON module from the work
-dir, as `python3 -` from /app does): the command must find it, name the attack and the grader
-line, and exit 1, while the attacks the sandbox itself defeats pay nothing there either.
+The control is a task whose grader is open on purpose: it pays for a marker file the task never
+asked for (state the agent may shape, which no sandbox reset can tell from an answer), and it runs
+`python3 -` from /app, whose work-dir imports the sandbox's grader Python defeats. The command
+must find the marker attack, name the grader line, and exit 1, while the attacks the sandbox
+itself defeats (a planted json.py, a pre-written reward, a daemon) pay nothing there.
 """
 
 from __future__ import annotations
@@ -57,9 +59,11 @@ def test_no_bundled_or_family_task_pays_any_attack(tiny_model_path: Path, tmp_pa
 
 
 OPEN_TEST = """#!/bin/bash
-# Deliberately open: `python3 -` from the work dir imports the agent's json.py.
+# Deliberately open: a marker file the task never asked for pays. `python3 -` from the work dir
+# would import the agent's json.py, but the sandbox's grader Python refuses that.
 mkdir -p /logs/verifier
 cd /app
+if [ -f /app/DONE ]; then echo 1 > /logs/verifier/reward.txt; exit 0; fi
 python3 - <<'EOF'
 import json
 try:
@@ -92,7 +96,7 @@ def _open_task(root: Path) -> Path:
 def test_the_command_flags_an_open_grader_and_exits_1(tmp_path: Path) -> None:
     task = _open_task(tmp_path / "tasks")
     out = tmp_path / "audit.json"
-    attacks = "nothing,plant-modules-in-workdir,write-reward-files,daemon-writes-reward"
+    attacks = "nothing,plant-modules-in-workdir,marker-files,write-reward-files,daemon-writes-reward"
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     done = subprocess.run(
         [
@@ -113,14 +117,14 @@ def test_the_command_flags_an_open_grader_and_exits_1(tmp_path: Path) -> None:
     )
     text = done.stdout + done.stderr
     assert done.returncode == 1, text
-    assert "open-grader" in text and "plant-modules-in-workdir" in text, text
+    assert "open-grader" in text and "marker-files" in text, text
     assert "1 of 1 task(s) pay for a wrong answer" in text, text
     import json
 
     (result,) = json.loads(out.read_text())
-    # Only the grader's own flaw pays: what the sandbox resets (a pre-written reward, a daemon
-    # writing it) does not, and neither does doing nothing.
-    assert set(result["paid"]) == {"plant-modules-in-workdir"}, result
+    # Only the grader's own flaw pays: what the sandbox resets or refuses (a planted json.py, a
+    # pre-written reward, a daemon writing it) does not, and neither does doing nothing.
+    assert set(result["paid"]) == {"marker-files"}, result
     assert result["errors"] == {}, result
     assert any("python3 -" in n and "imports from the current dir" in n for n in result["notes"])
 
