@@ -22,6 +22,7 @@ and is counted (`packing/over_budget_rows`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any
@@ -112,6 +113,29 @@ class PackStats:
         }
 
 
+def row_token_weight(live: list[tuple[Row, int]], norm: str) -> Callable[[Row], float]:
+    """The loss weight of each trainable token of a row, for a step's (row, trainable tokens).
+
+    Summing weight * per-token loss over the whole step gives its loss: "token" = the mean over
+    every trainable token; "sequence" = the mean over ROLLOUTS of each rollout's token mean (a
+    rollout split into rows by a rewritten history still counts once: its rows share
+    `group_index` and `rollout_id`). Both packers (this one and trainer/prefix_tree.py) use it.
+    """
+    total_tokens = sum(n for _, n in live)
+    rollout_tokens: dict[tuple[int, str], int] = {}  # trainable tokens per rollout (all rows)
+    for row, n in live:
+        key = (row.group_index, row.rollout_id)
+        rollout_tokens[key] = rollout_tokens.get(key, 0) + n
+    total_rollouts = len(rollout_tokens)
+
+    def weight(row: Row) -> float:
+        if norm == "token":
+            return 1.0 / total_tokens
+        return 1.0 / (rollout_tokens[(row.group_index, row.rollout_id)] * total_rollouts)
+
+    return weight
+
+
 def pack_rows(
     rows: list[Row],
     masks: list[list[int]],
@@ -136,12 +160,7 @@ def pack_rows(
             stats.rows_context_only += 1
             continue
         live.append((row, mask, adv, n))
-    total_tokens = sum(n for *_, n in live)
-    rollout_tokens: dict[tuple[int, str], int] = {}  # trainable tokens per rollout (all rows)
-    for row, _, _, n in live:
-        key = (row.group_index, row.rollout_id)
-        rollout_tokens[key] = rollout_tokens.get(key, 0) + n
-    total_rollouts = len(rollout_tokens)
+    weight_of = row_token_weight([(row, n) for row, _, _, n in live], norm)
     bins: list[list[tuple]] = []
     room: list[int] = []
     for item in sorted(live, key=lambda it: len(it[0]), reverse=True):
@@ -172,10 +191,7 @@ def pack_rows(
             offset = len(ids)
             ids.extend(row.input_ids)
             pos.extend(range(len(row)))
-            if norm == "token":
-                w = 1.0 / total_tokens
-            else:
-                w = 1.0 / (rollout_tokens[(row.group_index, row.rollout_id)] * total_rollouts)
+            w = weight_of(row)
             # j >= 1 always: position 0 of a row is prompt context (validated in rows.py).
             index.extend([offset + j - 1 for j in compress(range(len(mask)), mask)])
             targets.extend(compress(row.input_ids, mask))

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from trainer.packing import MicroBatch, PackStats
+from trainer.packing import MicroBatch, PackStats, row_token_weight
 from trainer.rows import Row
 
 __all__ = ["TREE_SLACK", "TreeLayout", "TreePackStats", "TrunkCarry", "pack_tree"]
@@ -377,19 +377,7 @@ def pack_tree(
             stats.rows_context_only += 1
             continue
         live.append((row, mask, adv, n))
-    # The weights of pack_rows (trainer/packing.py): "token" = mean over the step's trainable
-    # tokens; "sequence" = mean over rollouts (a rollout split into rows still counts once).
-    total_tokens = sum(it[3] for it in live)
-    rollout_tokens: dict[tuple[int, str], int] = {}
-    for row, _, _, n in live:
-        key = (row.group_index, row.rollout_id)
-        rollout_tokens[key] = rollout_tokens.get(key, 0) + n
-    total_rollouts = len(rollout_tokens)
-
-    def weight(row: Row) -> float:
-        if norm == "token":
-            return 1.0 / total_tokens
-        return 1.0 / (rollout_tokens[(row.group_index, row.rollout_id)] * total_rollouts)
+    weight = row_token_weight([(row, n) for row, _, _, n in live], norm)  # pack_rows' weights
 
     # Groups to ranks: largest first, each to the rank with the fewest unique tokens so far.
     groups: dict[int, list[tuple]] = {}
