@@ -78,9 +78,12 @@ async def _tamper(raw: Any) -> None:
         f"nohup sh -c 'while :; do echo 1 > /logs/verifier/reward.txt; done' {BG} "
         "echo 1 > /logs/verifier/reward.txt && chmod 555 /logs/verifier && "
         "mkdir -p /app/t && rm -rf /tests && ln -s /app/t /tests && "
-        "rm -rf /dev/fd && mkdir /dev/fd && echo same > /dev/fd/63 && "
         "echo 'import os' > /conftest.py"
     )
+    # A docker image's /dev is writable; the local sandbox under this fake keeps /dev read-only
+    # (mounts.py), so the swap is refused before the helper's /dev restore would be needed.
+    swap = await raw.exec("rm -rf /dev/fd && mkdir /dev/fd && echo same > /dev/fd/63")
+    assert swap.return_code != 0, "the local sandbox's /dev was writable"
 
 
 async def test_a_tampered_image_changes_nothing_the_reset_does(env: Any) -> None:
@@ -101,7 +104,6 @@ async def test_a_tampered_image_changes_nothing_the_reset_does(env: Any) -> None
         "/tests was a symlink to '/app/t'",
         "/logs/verifier was locked (mode 555)",
         "/logs/verifier held 1 entries: reward.txt",
-        "/dev/fd was replaced",
         "/conftest.py (read by the grader's tools) was planted",
     ):
         assert expected in text, text
