@@ -1,13 +1,14 @@
 """The real runs behind docs/view-*.png: train then eval, every part real but the engine.
 
-    PYTHONPATH=. .venv/bin/python bench/view/real_run.py OUT [--harness opencode] [--steps 3]
+    PYTHONPATH=. .venv/bin/python bench/view/real_run.py OUT [--harness mini-swe-agent] [--steps 3]
     PYTHONPATH=. .venv/bin/python -m harness.view OUT/train --compare OUT/eval --screenshots docs
 
-`harness.train` (one group of --num-generations rollouts per step) and `harness.eval` (2 rollouts)
-of the bundled hello-file task, through the capture proxy, bubblewrap sandboxes, the real agent
-CLI, the task's verifier and the trainer. The engine is tests/scripted_engine.py playing the
-browser test's Policy (tests/test_view_browser.py): in training, one rollout of each pair solves
-the task and the other only talks, so every group has an advantage to show; in eval all solve.
+`harness.train` (4 groups, the default, of --num-generations rollouts per step) and
+`harness.eval` (2 rollouts) of the bundled hello-file task, through the capture proxy, bubblewrap
+sandboxes, the real agent CLI, the task's verifier and the trainer. The engine is
+tests/scripted_engine.py playing the browser test's Policy (tests/test_view_browser.py): in
+training, one rollout of each pair solves the task and the other only talks, so every group has
+an advantage to show; in eval all solve.
 The model is the tiny model without its warm-up (built in ~10 s; its samples are not used).
 """
 
