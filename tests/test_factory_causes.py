@@ -372,7 +372,7 @@ class ExecOnly:
         self._env = env
 
     async def exec(self, command, *args, **kwargs):
-        if "fix_dir" in command:
+        if "/.harness-reset-" in command and " reset --keep" in command:  # grading.py's helper
             ExecOnly.resets.append(command)
         return await self._env.exec(command, *args, **kwargs)
 
