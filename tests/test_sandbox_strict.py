@@ -10,11 +10,15 @@ an "agent" command changes it, and the grading reset is checked from inside.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+from harbor.environments.factory import EnvironmentFactory
+from harbor.models.task.task import Task
+from harbor.models.trial.paths import TrialPaths
 
-from harness.sandboxes import BwrapSandbox, SandboxSpec
+from harness.sandboxes import BwrapSandbox, SandboxSpec, environment_config
 from harness.sandboxes.errors import SandboxDefinitionError, SandboxExecError
 from harness.sandboxes.outputs import declared_strict
 
@@ -35,6 +39,7 @@ CHECK = (
     "stat -c %a /opt/svc; ls -d /node_modules /srv/locked 2>&1; cat /logs/agent/a.log"
 )
 OUTPUTS = ("/app/answer.txt", "/app/out")
+TASK = Path(__file__).parent / "fixtures" / "integrity-task"
 
 
 async def _run(strict: bool) -> tuple[str, list[str], str]:
@@ -98,3 +103,41 @@ def test_harness_strict_is_read_and_checked(tmp_path: Path) -> None:
     toml.write_text('[metadata]\nharness_strict = "yes"\n')
     with pytest.raises(SandboxDefinitionError, match="harness_strict must be true or false"):
         declared_strict(toml)
+
+
+async def test_a_task_declaring_harness_strict_gets_it_through_the_harbor_environment(
+    tmp_path: Path,
+) -> None:
+    """task.toml's [metadata] harness_strict reaches both resets of BwrapEnvironment."""
+    task = tmp_path / "strict-task"
+    shutil.copytree(TASK, task)
+    toml = task / "task.toml"
+    toml.write_text(
+        toml.read_text().replace(
+            "[metadata]\n",
+            '[metadata]\nharness_strict = true\nharness_outputs = ["/app/answer.txt"]\n',
+        )
+    )
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM ubuntu:24.04\nWORKDIR /app\nRUN mkdir -p /opt/svc && echo safe > /opt/svc/app.cfg\n"
+    )
+    loaded = Task(task)
+    paths = TrialPaths(tmp_path / "trial")
+    paths.mkdir()
+    env = EnvironmentFactory.create_environment_from_config(
+        config=environment_config("local"),
+        environment_dir=loaded.paths.environment_dir,
+        environment_name=loaded.short_name,
+        session_id="strict-harbor",
+        trial_paths=paths,
+        task_env_config=loaded.config.environment,
+    )
+    await env.start(force_build=False)
+    try:
+        await env.exec("echo ok > /app/.done; echo pass > /opt/svc/app.cfg; echo 42 > answer.txt")
+        reset = await env.prepare_grading()
+        assert reset.evidence == [], reset
+        after = await env.exec("ls -A /app; cat /opt/svc/app.cfg /app/answer.txt")
+        assert (after.stdout or "").split() == ["answer.txt", "safe", "42"], after
+    finally:
+        await env.stop(delete=True)
