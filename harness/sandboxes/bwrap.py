@@ -224,6 +224,10 @@ class BwrapEnvironment(BaseEnvironment):
                 )
             self._ro_binds[mount["source"]] = mount["target"]
 
+    # /run/harness-grader-python is a read-only mount of the supervisor's build here: an
+    # exec-only grading reset run over this environment (tests) leaves it alone (grading.py).
+    mounts_grader_python_dir = True
+
     @staticmethod
     def type() -> str:
         return "bwrap"

@@ -141,8 +141,12 @@ async def reset_for_grading(
 ) -> GradingReset:
     """Kill what the agent started, put /dev back, make the grading dirs fresh, upload the
     grader Python's sitecustomize.py (grader_site.py) to `grader_python_dir` (GRADING_ENV's
-    PYTHONPATH names the default; tests over the local sandbox, where that path is a read-only
-    mount of its own, pass another); what was found."""
+    PYTHONPATH names the default); what was found.
+
+    An environment with `mounts_grader_python_dir = True` (the local sandbox, standing in for an
+    exec-only backend in tests) has that dir as a read-only mount of its own: it is left alone.
+    Tests of the upload over the local sandbox pass another `grader_python_dir`."""
+    mounted = getattr(env, "mounts_grader_python_dir", False) is True
     helper = next((e[len(_HELPER_ENTRY) :] for e in baseline if e.startswith(_HELPER_ENTRY)), None)
     if helper is None:
         raise SandboxExecError("the grading reset needs a baseline from process_baseline()")
@@ -160,7 +164,7 @@ async def reset_for_grading(
     await env.upload_file(compiled_reset_helper(), helper)
     # The grader Python's dir last (its parent /run is made a real dir first): fresh and empty,
     # so a module the agent planted there (first on the grader's sys.path) is gone.
-    dirs = [*GRADING_PATHS, (grader_python_dir, 0o755, True)]
+    dirs = [*GRADING_PATHS] + ([] if mounted else [(grader_python_dir, 0o755, True)])
     paths = [str(x) for path, mode, wipe in dirs for x in (path, f"{mode:o}", int(wipe))]
     command = shlex.join(
         [helper, "reset", "--keep", *keep, "--hooks", *GRADING_HOOKS, "--paths", *paths]
@@ -184,7 +188,8 @@ async def reset_for_grading(
             blocks, size, inodes = (int(x) for x in rest.split())
             free_bytes, free_inodes = blocks * size, inodes
     # Fresh bytes into the dir the helper just made (no process of the agent's is left to race)
-    await env.upload_file(GRADER_SITE, f"{grader_python_dir}/sitecustomize.py")
+    if not mounted:
+        await env.upload_file(GRADER_SITE, f"{grader_python_dir}/sitecustomize.py")
     return GradingReset(killed, survivors, found, errors, free_bytes, free_inodes)
 
 
