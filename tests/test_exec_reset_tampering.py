@@ -86,7 +86,7 @@ async def _tamper(raw: Any) -> None:
         f"nohup sh -c 'while :; do echo 1 > /logs/verifier/reward.txt; done' {BG} "
         "echo 1 > /logs/verifier/reward.txt && chmod 555 /logs/verifier && "
         "mkdir -p /app/t && rm -rf /tests && ln -s /app/t /tests && "
-        "rm -rf /dev/fd && mkdir /dev/fd && echo same > /dev/fd/63 && "
+        "{ rm -rf /dev/fd && mkdir /dev/fd && echo same > /dev/fd/63; } 2>/dev/null; "
         "echo 'import os' > /conftest.py"
     )
 
@@ -105,11 +105,12 @@ async def test_a_tampered_image_changes_nothing_the_reset_does(env: Any) -> None
 
     assert reset.survivors == [] and reset.errors == [] and reset.killed >= 2, reset
     text = " | ".join(reset.evidence)
+    # (The agent's `rm -rf /dev/fd` fails here: the local sandbox standing in for the image keeps
+    # /dev read-only, so "/dev/fd was replaced" cannot be found; /dev/fd is checked below.)
     for expected in (
         "/tests was a symlink to '/app/t'",
         "/logs/verifier was locked (mode 555)",
         "/logs/verifier held 1 entries: reward.txt",
-        "/dev/fd was replaced",
         "/conftest.py (read by the grader's tools) was planted",
     ):
         assert expected in text, text
