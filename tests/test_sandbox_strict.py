@@ -24,7 +24,8 @@ from harness.sandboxes.outputs import declared_strict
 
 BUILD = (
     "mkdir -p /opt/svc /app/src && echo 'mode = safe' > /opt/svc/app.cfg && "
-    "echo 'print(1)' > /app/src/main.py && chmod 0750 /opt/svc && ln -s /opt/svc /opt/current"
+    "echo 'print(1)' > /app/src/main.py && chmod 0750 /opt/svc && ln -s /opt/svc /opt/current && "
+    "mkdir -p /srv/vault && echo key > /srv/vault/k && chmod 000 /srv/vault/k /srv/vault"
 )
 AGENT = (
     "echo ok > /app/.tests_passed; echo 'mode = pass-everything' > /opt/svc/app.cfg; "
@@ -36,7 +37,9 @@ AGENT = (
 CHECK = (
     "cat /app/.tests_passed 2>&1; cat /opt/svc/app.cfg; cat /app/answer.txt 2>&1; "
     "cat /app/out/report.csv; cat /app/src/main.py 2>&1; readlink /opt/current; "
-    "stat -c %a /opt/svc; ls -d /node_modules /srv/locked 2>&1; cat /logs/agent/a.log"
+    "stat -c %a /opt/svc; ls -d /node_modules /srv/locked 2>&1; cat /logs/agent/a.log; "
+    "stat -c %a /srv/vault; chmod 700 /srv/vault; stat -c %a /srv/vault/k; "
+    "chmod 600 /srv/vault/k; cat /srv/vault/k"
 )
 OUTPUTS = ("/app/answer.txt", "/app/out")
 TASK = Path(__file__).parent / "fixtures" / "integrity-task"
@@ -68,9 +71,11 @@ async def test_strict_mode_puts_back_all_but_the_declared_outputs() -> None:
     assert lines[5:7] == ["/opt/svc", "750"], out  # the image's symlink and dir mode
     assert "No such file" in lines[7] and "No such file" in lines[8], out  # new dirs, locked too
     assert lines[9] == "log", out  # /logs is Harbor's, never reset
+    assert lines[10:] == ["0", "0", "key"], out  # the build's locked dir and file, intact
     text = " | ".join(reset)
     for what in ("removed", "restored", "recreated", "/app/.tests_passed", "/opt/svc/app.cfg"):
         assert what in text, text
+    assert "/srv/vault" not in text, text  # unchanged image entries are not rewritten
     # /etc is the host's, bound read-only: the agent cannot change it in either mode
     assert agent.strip() == "etc-read-only", agent
 

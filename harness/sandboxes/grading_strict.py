@@ -47,17 +47,20 @@ def _entry(path, st):
     return ("o", st.st_mode & 0o7777, None, ident, st.st_mtime_ns)
 
 
-def _walk(keep):
-    """(path, lstat) of every entry on the root's filesystem but what `keep` covers, parents
-    first. Locked dirs are opened (their mode is put back by the caller or the restore)."""
+def _walk(keep, unlocked):
+    """(path, lstat, holds a kept path) of every entry on the root's filesystem but what `keep`
+    covers, parents first. A locked dir is opened and added to `unlocked` as (path, mode): the
+    caller locks it again when done (its children's lstat needs it open until then)."""
     root_dev = os.lstat("/").st_dev
     stack = ["/"]
     while stack:
         d = stack.pop()
         try:
             names = sorted(os.listdir(d))
-        except PermissionError:
-            os.chmod(d, 0o700)
+        except PermissionError:  # a locked dir (pid 1 has no capability to read past its mode)
+            mode = os.lstat(d).st_mode & 0o7777
+            os.chmod(d, mode | 0o700)
+            unlocked.append((d, mode))
             names = sorted(os.listdir(d))
         for name in names:
             path = (d.rstrip("/") or "") + "/" + name
@@ -76,8 +79,17 @@ def record(keep, errors):
     """Take the root as it is now as the image's (the reset right after the build)."""
     _snapshot.clear()
     _recorded[0] = False
+    unlocked = []
+    try:
+        _record(keep, unlocked, errors)
+    finally:
+        for path, mode in reversed(unlocked):
+            os.chmod(path, mode)
+
+
+def _record(keep, unlocked, errors):
     total = 0
-    for path, st, _ in _walk(keep):
+    for path, st, _ in _walk(keep, unlocked):
         entry = _entry(path, st)
         if entry[0] == "f":
             total += st.st_size
@@ -89,10 +101,23 @@ def record(keep, errors):
                     "build's output"
                 )
                 return
-            with open(path, "rb") as f:
-                entry = entry[:2] + (f.read(),) + entry[3:]
+            try:
+                data = _read(path)
+            except PermissionError:  # a file the build locked: opened for the copy only
+                os.chmod(path, entry[1] | 0o400)
+                try:
+                    data = _read(path)
+                finally:
+                    os.chmod(path, entry[1])
+                entry = _entry(path, os.lstat(path))  # (its ctime moved with the chmod)
+            entry = entry[:2] + (data,) + entry[3:]
         _snapshot[path] = entry
     _recorded[0] = True
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _remove(path):
@@ -137,7 +162,8 @@ def restore(keep, notes, errors):
         return
     changed, removed, recreated = [], [], []
     seen = set()
-    for path, st, above in list(_walk(keep)):
+    unlocked = []
+    for path, st, above in list(_walk(keep, unlocked)):
         image = _snapshot.get(path)
         if image is None:
             if not above and os.path.lexists(path):
@@ -165,6 +191,9 @@ def restore(keep, notes, errors):
             continue  # under something kept that replaced a dir of the image's
         _make(path, _snapshot[path])
         recreated.append(path)
+    for path, mode in reversed(unlocked):  # the agent's locked dirs that hold an output
+        if path not in _snapshot and os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, mode)
     for path in sorted(_snapshot, reverse=True):
         kind, mode = _snapshot[path][:2]
         if kind != "d" or not os.path.isdir(path) or os.path.islink(path):
