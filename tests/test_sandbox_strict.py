@@ -73,7 +73,7 @@ async def test_strict_mode_puts_back_all_but_the_declared_outputs() -> None:
     assert lines[9] == "log", out  # /logs is Harbor's, never reset
     assert lines[10:] == ["0", "0", "key"], out  # the build's locked dir and file, intact
     text = " | ".join(reset)
-    for what in ("removed", "restored", "recreated", "/app/.tests_passed", "/opt/svc/app.cfg"):
+    for what in ("removed", "put back", "recreated", "/app/.tests_passed", "/opt/svc/app.cfg"):
         assert what in text, text
     assert "/srv/vault" not in text, text  # unchanged image entries are not rewritten
     # /etc is the host's, bound read-only: the agent cannot change it in either mode

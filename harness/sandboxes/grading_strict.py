@@ -200,9 +200,10 @@ def restore(keep, notes, errors):
             continue
         if _kept(path, keep) != "inside" and (os.lstat(path).st_mode & 0o7777) != mode:
             os.chmod(path, mode)
-    for what, paths in (("removed", removed), ("restored", changed), ("recreated", recreated)):
+    for what, paths in (
+        ("entries the image did not have removed", removed),
+        ("entries put back as the image had them", changed),
+        ("entries of the image the agent deleted recreated", recreated),
+    ):
         if paths:
-            shown = ", ".join(paths[:5])
-            notes.append(
-                f"strict mode: {len(paths)} entries {what} as the image had them ({shown})"
-            )
+            notes.append(f"strict mode: {len(paths)} {what} ({', '.join(paths[:5])})")
