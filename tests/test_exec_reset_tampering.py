@@ -23,13 +23,21 @@ from harbor.models.task.task import Task
 from harbor.models.trial.paths import TrialPaths
 
 from harness.sandboxes import environment_config
-from harness.sandboxes.grading import process_baseline, reset_for_grading
+from harness.sandboxes.grading import GRADER_SITE, process_baseline
+from harness.sandboxes.grading import reset_for_grading as _reset_for_grading
 
 TASK = Path(__file__).parent / "fixtures" / "integrity-task"
 EVIL = "/opt/evil"
 # Every tool the previous (shell) reset used, and the usual file tools: each one lies.
 TOOLS = "rm cp mv tar chmod chown stat sed cut ls cksum mkdir find sleep wc sort head tr readlink"
 BG = ">/dev/null 2>&1 </dev/null &"
+# Where the grader Python's sitecustomize.py is uploaded here: the real path
+# (GRADER_PYTHON_DIR) is the local sandbox's own read-only mount, which an exec-only image lacks.
+GRADER_DIR = "/opt/harness-grader-python"
+
+
+async def reset_for_grading(backend: Any, baseline: list[str]) -> Any:
+    return await _reset_for_grading(backend, baseline, grader_python_dir=GRADER_DIR)
 
 
 class TamperedImage:
@@ -78,12 +86,9 @@ async def _tamper(raw: Any) -> None:
         f"nohup sh -c 'while :; do echo 1 > /logs/verifier/reward.txt; done' {BG} "
         "echo 1 > /logs/verifier/reward.txt && chmod 555 /logs/verifier && "
         "mkdir -p /app/t && rm -rf /tests && ln -s /app/t /tests && "
+        "{ rm -rf /dev/fd && mkdir /dev/fd && echo same > /dev/fd/63; } 2>/dev/null; "
         "echo 'import os' > /conftest.py"
     )
-    # A docker image's /dev is writable; the local sandbox under this fake keeps /dev read-only
-    # (mounts.py), so the swap is refused before the helper's /dev restore would be needed.
-    swap = await raw.exec("rm -rf /dev/fd && mkdir /dev/fd && echo same > /dev/fd/63")
-    assert swap.return_code != 0, "the local sandbox's /dev was writable"
 
 
 async def test_a_tampered_image_changes_nothing_the_reset_does(env: Any) -> None:
@@ -100,6 +105,8 @@ async def test_a_tampered_image_changes_nothing_the_reset_does(env: Any) -> None
 
     assert reset.survivors == [] and reset.errors == [] and reset.killed >= 2, reset
     text = " | ".join(reset.evidence)
+    # (The agent's `rm -rf /dev/fd` fails here: the local sandbox standing in for the image keeps
+    # /dev read-only, so "/dev/fd was replaced" cannot be found; /dev/fd is checked below.)
     for expected in (
         "/tests was a symlink to '/app/t'",
         "/logs/verifier was locked (mode 555)",
@@ -153,3 +160,37 @@ async def test_a_clean_sandbox_shows_no_evidence_through_the_helper(env: Any) ->
     ), baseline
     reset = await reset_for_grading(backend, baseline)
     assert reset.evidence == [] and reset.killed == 0, reset
+
+
+async def test_the_grader_pythons_sitecustomize_is_uploaded_fresh_at_each_grading(env: Any) -> None:
+    backend = TamperedImage(env)
+    baseline = await process_baseline(backend)
+    # The agent plants the dir first on the grader's PYTHONPATH before the first grading ...
+    await env.exec(
+        f"mkdir -p {GRADER_DIR} && echo 'import os' > {GRADER_DIR}/configparser.py && "
+        f"echo 'print(1)' > {GRADER_DIR}/sitecustomize.py"
+    )
+    reset = await reset_for_grading(backend, baseline)
+    assert f"{GRADER_DIR} held 2 entries: configparser.py, sitecustomize.py" in reset.evidence
+    fresh = GRADER_SITE.read_bytes()
+    assert await _bytes(env, f"{GRADER_DIR}/sitecustomize.py") == fresh
+    listing = await env.exec(f"ls -A {GRADER_DIR}")
+    assert (listing.stdout or "").split() == ["sitecustomize.py"], listing
+    # ... and a grader's Python run from the work dir takes the stdlib's json, not the agent's
+    check = await env.exec(
+        "cd /app && echo 'raise SystemExit(7)' > json.py && "
+        "python3 -c 'import json, sys; print(json.__file__, sys.modules[\"sitecustomize\"].__file__)'",
+        env={"PYTHONPATH": GRADER_DIR, "HARNESS_GRADER_WORKDIR": "/app"},
+    )
+    json_file, site_file = (check.stdout or "").split()
+    assert json_file.startswith("/usr/lib/python3") and site_file.startswith(GRADER_DIR), check
+    # A later grading: the last upload is no evidence; a tampered copy is replaced by fresh bytes
+    await env.exec(f"echo 'print(2)' > {GRADER_DIR}/sitecustomize.py; rm -f /app/json.py")
+    again = await reset_for_grading(backend, baseline)
+    assert again.evidence == [], again
+    assert await _bytes(env, f"{GRADER_DIR}/sitecustomize.py") == fresh
+
+
+async def _bytes(env: Any, path: str) -> bytes:
+    assert env.sandbox is not None
+    return await env.sandbox.get_file(path)

@@ -372,7 +372,7 @@ class ExecOnly:
         self._env = env
 
     async def exec(self, command, *args, **kwargs):
-        if "/.harness-reset-" in command and " reset --keep" in command:  # grading.py's helper
+        if " reset --keep " in command:  # the reset helper's command line (grading.py)
             ExecOnly.resets.append(command)
         return await self._env.exec(command, *args, **kwargs)
 

@@ -66,8 +66,11 @@ What is covered
   taken from the work dir; the scratch space (/tmp, /var/tmp, /run) is emptied and toolchain
   config at / (local.TOOLCHAIN_HOOKS: /node_modules, /package.json, /go.mod, /.git, ...) put
   back as the image had it, unless the task declares it (task.toml [metadata]
-  harness_outputs); these two are reported, not evidence. pid 1 outlives a connection flood
-  (reserved descriptor, relay cap); if it dies anyway, the rollout is `tampered`.
+  harness_outputs); these two are reported, not evidence. A task with [metadata]
+  harness_strict = true gets the whole writable root but its outputs, /logs and /tests put back
+  as the image had it (grading_strict.py), so its grade depends on its outputs alone. pid 1
+  outlives a connection flood (reserved descriptor, relay cap); if it dies anyway, the rollout
+  is `tampered`.
 - Harbor's own Trial gets the same reset: the environment runs it itself at the verifier's
   first step (its reward-file removal, an `empty_dirs`/`reset_dirs` of the verifier dir, or an
   upload to /tests) whenever anything else ran since the last reset, and its test command
@@ -167,7 +170,7 @@ from harness.sandboxes.errors import (
 from harness.sandboxes.limits import SandboxLimits
 from harness.sandboxes.local import BwrapSandbox, GradingReset, SandboxSpec, grading_env
 from harness.sandboxes.mounts import resolved_tool_binds
-from harness.sandboxes.outputs import declared_outputs
+from harness.sandboxes.outputs import declared_outputs, declared_strict
 from harness.sandboxes.ports import parse_forward, url_forward
 
 __all__ = ["BwrapEnvironment"]
@@ -204,6 +207,7 @@ class BwrapEnvironment(BaseEnvironment):
         self._base_dir = Path(base_dir) if base_dir else None
         self._recipe = EnvironmentRecipe()
         self._outputs: tuple[str, ...] = ()  # task.toml's [metadata] harness_outputs
+        self._strict = False  # task.toml's [metadata] harness_strict (grading_strict.py)
         self.sandbox: BwrapSandbox | None = None
         # Grading state: whether anything but grading ran since the last reset, each reset's
         # report, and each command since the last reset with its exit code (the verifier's,
@@ -220,6 +224,10 @@ class BwrapEnvironment(BaseEnvironment):
                 )
             self._ro_binds[mount["source"]] = mount["target"]
 
+    # /run/harness-grader-python is a read-only mount of the supervisor's build here: an
+    # exec-only grading reset run over this environment (tests) leaves it alone (grading.py).
+    mounts_grader_python_dir = True
+
     @staticmethod
     def type() -> str:
         return "bwrap"
@@ -233,6 +241,7 @@ class BwrapEnvironment(BaseEnvironment):
 
     def _validate_definition(self) -> None:
         self._outputs = declared_outputs(self.environment_dir.parent / "task.toml")
+        self._strict = declared_strict(self.environment_dir.parent / "task.toml")
         dockerfile = self.environment_dir / "Dockerfile"
         if dockerfile.exists():
             self._recipe = parse_dockerfile(dockerfile, self.environment_dir)
@@ -270,7 +279,7 @@ class BwrapEnvironment(BaseEnvironment):
             await self._upload_environment_dir_after_start()
             # The image is built: nothing of the build keeps running (as with docker build), and
             # the grading dirs start fresh, so anything found in them at grading is the agent's.
-            await self.sandbox.prepare_grading(record_image=True)
+            await self.sandbox.prepare_grading(record_image=True, strict=self._strict)
         except BaseException:
             await self.sandbox.stop()
             raise
@@ -356,7 +365,7 @@ class BwrapEnvironment(BaseEnvironment):
         """
         if self.sandbox is None:
             raise SandboxStartError(f"{self.session_id}: prepare_grading before start()")
-        reset = await self.sandbox.prepare_grading(outputs=self._outputs)
+        reset = await self.sandbox.prepare_grading(outputs=self._outputs, strict=self._strict)
         self._agent_ran = False
         self.commands_since_reset = []
         self.grading_resets.append(reset)

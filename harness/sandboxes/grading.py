@@ -18,7 +18,12 @@ daemon inside it (the exec channel itself), which a blanket `kill -9 -1` would t
                      /tests, /logs/verifier and the grader's HOME fresh empty real dirs, and remove
                      each hook file that differs from the baseline; report what was found, like
                      the local sandbox's `GradingReset`. The Harness session then runs the
-                     verifier with local.GRADING_ENV (a fresh HOME, no user site, no git hooks)
+                     verifier with local.GRADING_ENV (a fresh HOME, no user site, no git hooks).
+                     The helper also makes the grader Python's dir (GRADER_PYTHON_DIR, first on
+                     GRADING_ENV's PYTHONPATH) a fresh empty real dir, and grader_site.py is then
+                     uploaded there as its sitecustomize.py through the backend's file API: the
+                     work dir never shadows a module the grader's Python has elsewhere, as in the
+                     local sandbox, and nothing the agent planted in that dir is imported
 
 The reset trusts no binary of the image (its rm, kill, chmod, stat and libc may all be the
 agent's): only the backend's exec channel, which starts the helper through the image's `sh`, and
@@ -48,11 +53,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.sandboxes.errors import SandboxExecError, SandboxUnavailableError
-from harness.sandboxes.local import GRADING_HOOKS, GRADING_PATHS, GradingReset
+from harness.sandboxes.local import GRADER_PYTHON_DIR, GRADING_HOOKS, GRADING_PATHS, GradingReset
 
 __all__ = ["compiled_reset_helper", "process_baseline", "reset_for_grading"]
 
 HELPER_SOURCE = Path(__file__).with_name("reset_helper.c")
+GRADER_SITE = Path(__file__).with_name("grader_site.py")  # uploaded as its sitecustomize.py
 _HELPER_ENTRY = "helper:"  # the baseline entry naming where the helper was uploaded
 
 
@@ -130,8 +136,17 @@ async def process_baseline(env: Any) -> list[str]:
     return [_HELPER_ENTRY + helper] + [line for line in out.split() if ":" in line]
 
 
-async def reset_for_grading(env: Any, baseline: list[str]) -> GradingReset:
-    """Kill what the agent started, put /dev back, make the grading dirs fresh; what was found."""
+async def reset_for_grading(
+    env: Any, baseline: list[str], *, grader_python_dir: str = GRADER_PYTHON_DIR
+) -> GradingReset:
+    """Kill what the agent started, put /dev back, make the grading dirs fresh, upload the
+    grader Python's sitecustomize.py (grader_site.py) to `grader_python_dir` (GRADING_ENV's
+    PYTHONPATH names the default); what was found.
+
+    An environment with `mounts_grader_python_dir = True` (the local sandbox, standing in for an
+    exec-only backend in tests) has that dir as a read-only mount of its own: it is left alone.
+    Tests of the upload over the local sandbox pass another `grader_python_dir`."""
+    mounted = getattr(env, "mounts_grader_python_dir", False) is True
     helper = next((e[len(_HELPER_ENTRY) :] for e in baseline if e.startswith(_HELPER_ENTRY)), None)
     if helper is None:
         raise SandboxExecError("the grading reset needs a baseline from process_baseline()")
@@ -147,7 +162,10 @@ async def reset_for_grading(env: Any, baseline: list[str]) -> GradingReset:
     # Fresh bytes over whatever is there; an existing file keeps its mode, a new one needs chmod
     # (then the image's: the evidence above already makes this rollout `tampered`).
     await env.upload_file(compiled_reset_helper(), helper)
-    paths = [str(x) for path, mode, wipe in GRADING_PATHS for x in (path, f"{mode:o}", int(wipe))]
+    # The grader Python's dir last (its parent /run is made a real dir first): fresh and empty,
+    # so a module the agent planted there (first on the grader's sys.path) is gone.
+    dirs = [*GRADING_PATHS] + ([] if mounted else [(grader_python_dir, 0o755, True)])
+    paths = [str(x) for path, mode, wipe in dirs for x in (path, f"{mode:o}", int(wipe))]
     command = shlex.join(
         [helper, "reset", "--keep", *keep, "--hooks", *GRADING_HOOKS, "--paths", *paths]
     )
@@ -162,11 +180,25 @@ async def reset_for_grading(env: Any, baseline: list[str]) -> GradingReset:
             killed = int(rest)
         elif kind == "survivor":
             survivors.append(rest)
-        elif kind == "found":
+        elif kind == "found" and not _own_upload(rest, grader_python_dir):
             found.append(rest)
         elif kind == "error":
             errors.append(rest)
         elif kind == "free":
             blocks, size, inodes = (int(x) for x in rest.split())
             free_bytes, free_inodes = blocks * size, inodes
+    # Fresh bytes into the dir the helper just made (no process of the agent's is left to race)
+    if not mounted:
+        await env.upload_file(GRADER_SITE, f"{grader_python_dir}/sitecustomize.py")
     return GradingReset(killed, survivors, found, errors, free_bytes, free_inodes)
+
+
+def _own_upload(found: str, grader_python_dir: str) -> bool:
+    """The helper found only what the last grading left in the grader Python's dir: its upload
+    and the bytecode the grader's Python wrote of it. Not evidence (and wiped all the same)."""
+    head = f"{grader_python_dir} held "
+    if not found.startswith(head):
+        return False
+    count, _, names = found[len(head) :].partition(" entries: ")
+    listed = names.split(", ")
+    return count == str(len(listed)) and set(listed) <= {"sitecustomize.py", "__pycache__"}

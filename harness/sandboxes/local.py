@@ -452,6 +452,7 @@ class BwrapSandbox:
         *,
         record_image: bool = False,
         outputs: tuple[str, ...] | list[str] = (),
+        strict: bool = False,
     ) -> GradingReset:
         """End the agent's reach before grading; what it left in the grading paths is returned.
 
@@ -468,6 +469,11 @@ class BwrapSandbox:
         emptied and toolchain config at / (TOOLCHAIN_HOOKS) put back as the image had them,
         except `outputs`, the paths the task declares as the agent's output (task.toml
         `[metadata] harness_outputs`). Those are listed in the answer's `reset`, not evidence.
+
+        `strict=True` (task.toml `[metadata] harness_strict = true`; pass it to the recording
+        reset too): every other entry of the writable root the agent changed is put back as
+        the recording reset saw it (grading_strict.py), /logs and /tests aside; listed in
+        `reset`. A grading reset with strict=True and no strict recording raises.
         """
         for path in outputs:
             if not str(path).startswith("/") or ".." in PurePosixPath(path).parts:
@@ -481,8 +487,13 @@ class BwrapSandbox:
             "keep": [*(str(p) for p in outputs), GRADING_HOME],  # (GRADING_PATHS resets it)
             "record": record_image,
             "timeout": timeout_s,
+            "strict": strict,
+            "strict_keep": ["/logs", "/tests"],
         }
         answer = await self._supervisor_op("grading_reset", args)
+        strict_errors = [e for e in answer["errors"] if str(e).startswith("strict mode:")]
+        if strict_errors:  # the task's configuration, not the agent's doing: never evidence
+            raise SandboxExecError(f"sandbox {self.name}: {'; '.join(strict_errors)}")
         return GradingReset(
             killed=int(answer["killed"]),
             survivors=list(answer["survivors"]),

@@ -42,7 +42,7 @@ core dumps. A command past its deadline has its process group SIGKILLed.
 
 Before anything else it remounts the host's device nodes read-only and drops its capabilities
 for good (pid1_setup.py). The grading reset's scratch and toolchain parts are in
-grading_scratch.py (imported only then). It must outlive anything the agent does: a connection
+grading_scratch.py, strict mode's in grading_strict.py (imported only then). It must outlive anything the agent does: a connection
 flood at a forwarded port meets a relay cap and, out of descriptors, a reserved fd that lets
 accept drain the queue; a handler that fails closes its own connection only. If pid 1 dies
 anyway, the host scores the rollout `tampered` (errors.SandboxDiedError).
@@ -588,6 +588,17 @@ def _grading_reset(header):
             grading_scratch.reset_scratch(list(header.get("scratch") or ()), keep, record, reset)
         except OSError as exc:
             errors.append(f"scratch space: {exc}")
+        if header.get("strict"):  # the task's harness_strict: all but its outputs (and /logs)
+            import grading_strict
+
+            strict_keep = keep + list(header.get("strict_keep") or ())
+            try:
+                if record:
+                    grading_strict.record(strict_keep, errors)
+                else:
+                    grading_strict.restore(strict_keep, reset, errors)
+            except OSError as exc:
+                errors.append(f"the image's root (strict mode): {exc}")
     return {
         "killed": killed,
         "survivors": survivors,

@@ -2,9 +2,9 @@
 
 Two dirs, each bound read-only into the sandbox:
 
-    supervisor    supervisor.py, pid1_setup.py, grading_scratch.py and their bytecode, for pid 1
-                  (/run/harness-supervisor): it runs every command and reports every exit code,
-                  the verifier's included
+    supervisor    supervisor.py, pid1_setup.py, grading_scratch.py, grading_strict.py and their
+                  bytecode, for pid 1 (/run/harness-supervisor): it runs every command and
+                  reports every exit code, the verifier's included
     grader-python sitecustomize.py for the grader's Python (/run/harness-grader-python, see
                   grader_site.py): what keeps the work dir from shadowing its modules
 
@@ -45,6 +45,7 @@ _SUPERVISOR_FILES = {
     "supervisor.py": _HERE / "supervisor.py",
     "pid1_setup.py": _HERE / "pid1_setup.py",
     "grading_scratch.py": _HERE / "grading_scratch.py",
+    "grading_strict.py": _HERE / "grading_strict.py",
 }
 _GRADER_FILES = {"sitecustomize.py": _HERE / "grader_site.py"}
 
