@@ -140,6 +140,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the local sandbox's grading reset leaves the agent's processes running",
     ),
     Mutant(
+        "harbor_trial_skips_grading_reset",
+        "harness/sandboxes/bwrap.py",
+        "        if self._agent_ran:\n            reset = await self.prepare_grading()\n",
+        "        if False:\n            reset = await self.prepare_grading()\n",
+        ("tests/test_sandbox_grading.py",),
+        "Harbor's Trial on the local sandbox grades without the reset (the agent's daemons live)",
+    ),
+    Mutant(
         "exec_reset_helper_kills_nothing",
         "harness/sandboxes/reset_helper.c",
         "            if (kill((pid_t)procs[i].pid, SIGKILL) == 0) killed++;\n",
@@ -296,6 +304,7 @@ def baseline(mutants: list[Mutant], files: list[str], timeout_s: float) -> tuple
 
 def print_table(results: list[Result], total_s: float) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     style = {"caught": "green", "survived": "bold red", "broken": "yellow", "error": "yellow",
@@ -306,7 +315,7 @@ def print_table(results: list[Result], total_s: float) -> None:
         table.add_column(column, justify="right" if column == "s" else "left")
     for r in results:
         shown = (r.caught_by or "").removeprefix("tests/") if r.verdict == "caught" else r.failure
-        table.add_row(r.name, f"[{style[r.verdict]}]{r.verdict}[/]", shown or "",
+        table.add_row(r.name, f"[{style[r.verdict]}]{r.verdict}[/]", escape(shown or ""),
                       f"{r.seconds:.1f}")
     # Piped to a file or a log, the table keeps its rows whole (the failure lines are in --json).
     Console(width=None if sys.stdout.isatty() else 200).print(table)
