@@ -113,6 +113,20 @@ class PackStats:
         }
 
 
+def trainable_rows(rows: list[Row], masks: list[list[int]], advantages: list[float],
+                   stats: PackStats) -> list[tuple[Row, list[int], float, int]]:
+    """(row, mask, advantage, trainable tokens) of the rows with a trainable token; the rest
+    (context only) are counted in `stats.rows_context_only`. Both packers start from it."""
+    live = []
+    for row, mask, adv in zip(rows, masks, advantages, strict=True):
+        n = sum(mask)
+        if n == 0:
+            stats.rows_context_only += 1
+            continue
+        live.append((row, mask, adv, n))
+    return live
+
+
 def row_token_weight(live: list[tuple[Row, int]], norm: str) -> Callable[[Row], float]:
     """The loss weight of each trainable token of a row, for a step's (row, trainable tokens).
 
@@ -153,13 +167,7 @@ def pack_rows(
     (rows of one rollout share `group_index` and `rollout_id`).
     """
     stats = PackStats(budget=budget)
-    live = []
-    for row, mask, adv in zip(rows, masks, advantages, strict=True):
-        n = sum(mask)
-        if n == 0:
-            stats.rows_context_only += 1
-            continue
-        live.append((row, mask, adv, n))
+    live = trainable_rows(rows, masks, advantages, stats)
     weight_of = row_token_weight([(row, n) for row, _, _, n in live], norm)
     bins: list[list[tuple]] = []
     room: list[int] = []

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from trainer.packing import MicroBatch, PackStats, row_token_weight
+from trainer.packing import MicroBatch, PackStats, row_token_weight, trainable_rows
 from trainer.rows import Row
 
 __all__ = ["TREE_SLACK", "TreeLayout", "TreePackStats", "TrunkCarry", "pack_tree"]
@@ -370,13 +370,7 @@ def pack_tree(
     """Rows -> per rank, its tree micro-batches (ranks padded to the same count with
     `MicroBatch.empty()`), and the step's packing stats. Same loss weights as `pack_rows`."""
     stats = TreePackStats(budget=budget)
-    live = []
-    for row, mask, adv in zip(rows, masks, advantages, strict=True):
-        n = sum(mask)
-        if n == 0:
-            stats.rows_context_only += 1
-            continue
-        live.append((row, mask, adv, n))
+    live = trainable_rows(rows, masks, advantages, stats)
     weight = row_token_weight([(row, n) for row, _, _, n in live], norm)  # pack_rows' weights
 
     # Groups to ranks: largest first, each to the rank with the fewest unique tokens so far.
