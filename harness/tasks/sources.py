@@ -4,6 +4,7 @@ One spec string names a source (what `--tasks` takes):
 
     bundled                       harness/tasks/bundled/
     family:train, family:heldout  a split of the generated family (harness/tasks/family.py)
+    lookup:train|dev|test         a split of the multi-step lookup family (harness/tasks/lookup.py)
     ./my-tasks  or  /abs/dir      a folder of task dirs (or one task dir)
     registry:terminal-bench@2.0   a Harbor registry dataset, via Harbor's registry client
     terminal-bench@2.0            the same, when no such path exists (org/name@ref too)
@@ -154,6 +155,10 @@ def load_source(spec: str | Path, **kwargs: Any) -> list[HarborTask]:
         from harness.tasks.family import family_tasks
 
         return family_tasks(text[len("family:"):])
+    if text.startswith("lookup:"):
+        from harness.tasks.lookup import lookup_tasks
+
+        return lookup_tasks(text[len("lookup:"):])
     if text.startswith("hf:"):
         repo_id, revision, subdir = _parse_hf(text[3:])
         return load_hf(repo_id, revision=revision, subdir=subdir, **kwargs)
@@ -166,5 +171,5 @@ def load_source(spec: str | Path, **kwargs: Any) -> list[HarborTask]:
         return load_registry(text, **kwargs)
     raise TaskNotFoundError(
         f"task source {text!r} is neither an existing folder nor a known form: use a folder, "
-        "'bundled', 'family:train|heldout', 'registry:NAME@VERSION' or 'hf:ORG/REPO[@REV][:SUBDIR]'"
+        "'bundled', 'family:train|heldout', 'lookup:train|dev|test', 'registry:NAME@VERSION' or 'hf:ORG/REPO[@REV][:SUBDIR]'"
     )

@@ -1,0 +1,2 @@
+#!/bin/bash
+cd /app && echo "$(cat value.txt)" > out.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+cd /app && echo "$(cat input.txt)" > out.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+cd /app && echo "$(cat key.txt)" > notes.txt

@@ -1,0 +1,344 @@
+"""The default model for the lookup family: the tiny model warm-started on its *train* pairs.
+
+Why (issue 32): the main command's family is now multi-step (harness/tasks/lookup.py): look at
+the source file, then write the word it holds into the target. The create-file warm start
+(launchers/warm_model.py) never saw a tool result, so it cannot act on one. This builds the
+starting policy the same way, by supervised fine-tuning on traces captured through the capture
+proxy, with both turns:
+
+1. capture: a scripted policy plays one instance of every *train* instruction text through the
+   real mini-swe-agent CLI, the capture proxy, bubblewrap and the real verifiers: `cat SOURCE`,
+   then `echo WORD > TARGET` with WORD read from the tool result the agent sent back. Dev and
+   test pairs are never captured or trained on.
+2. SFT (plain torch, loss on completion tokens only) on rows made from those turns by swapping
+   in words and file names from outside the family (`synthetic_vocabulary`): first turns (the
+   instruction's source -> `cat SOURCE`) and second turns (the tool result's word and the
+   instruction's target -> `echo WORD > TARGET`). Hundreds of words make copying the word out of
+   the tool result the only fit; the family's own eight words occur in the captured rows. The
+   curriculum of warm_model.py: the instruction under a one-line system prompt, then the
+   prompt cut after the instruction, then the whole prompt.
+3. probe: T=1 samples on the *dev* prompts (a dev prompt is a captured train prompt with the
+   instruction, source, target and word swapped; the ids round-trip through the tokenizer):
+   first turn right (`cat SOURCE`), second turn right given a right first turn, its word and
+   target counted apart.
+
+The target is the band where GRPO has room to move (roughly 15-45% whole-episode passes), not
+the highest score. The result is committed under models/tiny-qwen3-lookup/ with BUILD.json:
+
+    .venv/bin/python -m launchers.warm_lookup_model --commit     # minutes on 2 cores
+    .venv/bin/python -m launchers.warm_lookup_model --out DIR    # build elsewhere, print the probe
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from launchers.paths import REPO_ROOT
+from launchers.tiny_model import TinyModelError, build_tiny_model, check_build_hashes
+from launchers.warm_model import (
+    _ASSIST,
+    _BARE,
+    completion_loss,
+    finish_build,
+    round_trip_text,
+    save_model,
+    sft_steps,
+)
+
+__all__ = ["LOOKUP_MODEL", "build_lookup_model", "committed_lookup_model", "synthetic_vocabulary"]
+
+LOOKUP_MODEL = REPO_ROOT / "models" / "tiny-qwen3-lookup"
+REBUILD = "python -m launchers.warm_lookup_model --commit"
+BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 600, 200, 200, 2e-3, 0, 600
+_COMMAND = re.compile(r'"command": "(.*?)"\}\}\n</tool_call>')
+
+
+def committed_lookup_model(directory: Path = LOOKUP_MODEL) -> Path:
+    """The committed lookup warm start, every file checked against its BUILD.json sha256."""
+    if not (directory / "BUILD.json").exists():
+        raise TinyModelError(f"{directory} has no BUILD.json: restore it (git checkout -- "
+                             f"{directory}) or rebuild it with `{REBUILD}`")
+    check_build_hashes(directory, rebuild=REBUILD)
+    return directory
+
+
+def _last_tool_text(request: dict) -> str:
+    tools = [m for m in request["messages"] if m.get("role") == "tool"]
+    content = tools[-1].get("content") if tools else ""
+    if isinstance(content, list):
+        content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
+
+
+def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dict]:
+    """Scripted two-step solutions of one instance per train instruction text (step 1)."""
+    from capture import CaptureServer
+    from harness.factory import HarborSessionFactory
+    from harness.run_records import RecordingFactory
+    from harness.tasks.lookup import VALUES, lookup_tasks
+    from tests.scripted_engine import ScriptedEngine, shell_call
+
+    by_instruction: dict[str, Any] = {}
+    for task in lookup_tasks("train"):
+        by_instruction.setdefault(task.instruction.strip(), task)
+    tasks = sorted(by_instruction.values(), key=lambda t: t.name)
+    # One instance per instruction, words spread over the eight.
+    rng = random.Random(7)
+
+    def policy(request: dict) -> str:
+        if not request.get("tools"):
+            return "A title"
+        text = json.dumps(request["messages"])
+        meta = next(t.metadata for i, t in by_instruction.items() if json.dumps(i)[1:-1] in text)
+        steps = sum(1 for m in request["messages"] if m.get("role") == "tool")
+        if steps == 0:
+            return shell_call(request, f"cat {meta['source']}")
+        seen = [w for w in VALUES if re.search(rf"\b{w}\b", _last_tool_text(request))]
+        if len(seen) != 1:
+            raise RuntimeError(f"the tool result does not show one family word: {seen}")
+        return shell_call(request, f"echo {seen[0]} > {meta['target']}")
+
+    chosen = []
+    for task in tasks:
+        siblings = [t for t in lookup_tasks("train") if t.instruction.strip()
+                    == task.instruction.strip()]
+        chosen.append(rng.choice(siblings))
+    with ScriptedEngine(build_tiny_model(), policy) as engine, CaptureServer(engine.url) as proxy:
+        factory = RecordingFactory(HarborSessionFactory(
+            proxy.admin_url, admin_key=proxy.admin_key, split=chosen, harness=harness,
+            llm_url=engine.url, model="tiny", sampling={"temperature": 1.0, "max_tokens": 256},
+            max_concurrent_rollouts=4, agent_timeout_s=150, max_steps=2), out)
+
+        async def run_all() -> None:
+            await asyncio.gather(*(factory.rollout(seed=i) for i in range(len(chosen))))
+
+        try:
+            asyncio.run(run_all())
+        finally:
+            factory.close()
+    records = sorted((json.loads(p.read_text()) for p in (out / "rollouts").glob("*.json")),
+                     key=lambda r: r["task_id"])
+    failed = [r["task_id"] for r in records if (r["env_reward"] or 0) < 1 or not r["trace"]
+              or len(r["trace"]["turns"]) < 2]
+    if failed or len(records) != len(chosen):
+        raise RuntimeError(f"the scripted policy failed {failed} ({len(records)} of "
+                           f"{len(chosen)} recorded): its traces would teach failure")
+    return records
+
+
+def synthetic_vocabulary(vocab: dict[str, int], seed: int) -> tuple[list[str], list[str]]:
+    """(words, file names) from outside the family: tokenizer pieces that are one token with and
+    without a leading space (as the family's words are), names `<piece>.txt`."""
+    from harness.tasks.lookup import SOURCES, TARGETS, VALUES
+
+    family = set(VALUES) | {Path(n).stem for n in (*SOURCES, *TARGETS)}
+    pool = sorted(p[1:] for p in vocab if p.startswith("Ġ") and p[1:].isalpha()
+                  and p[1:].islower() and 3 <= len(p) - 1 <= 7 and p[1:] in vocab)
+    pool = [w for w in pool if w not in family]
+    if len(pool) < 120:
+        raise RuntimeError(f"the tokenizer has {len(pool)} single-piece words, need 120")
+    random.Random(2000 + seed).shuffle(pool)
+    half = len(pool) // 2
+    return pool[:half], [w + ".txt" for w in pool[half:]]
+
+
+class _Turns:
+    """The captured turns as text, and rows made from them with other names and words swapped in.
+
+    A row's prompt is rebuilt from text: the instruction (and for second turns the first call
+    and the tool result) replaced, then encoded; the captured ids round-trip, so unswapped text
+    is exactly what the engine saw."""
+
+    def __init__(self, tok: Any, records: list[dict]) -> None:
+        from harness.tasks.lookup import lookup_tasks
+
+        self.tok = tok
+        meta = {t.full_name: t.metadata for t in lookup_tasks("train")}
+        instr = {t.full_name: t.instruction.strip() for t in lookup_tasks("train")}
+        self.captured = []
+        for record in records:
+            first, second = record["trace"]["turns"][:2]
+            m = meta[record["task_id"]]
+            p1 = round_trip_text(tok, first["prompt_token_ids"])
+            c1 = tok.decode(first["completion_token_ids"], skip_special_tokens=False)
+            p2 = round_trip_text(tok, second["prompt_token_ids"])
+            c2 = tok.decode(second["completion_token_ids"], skip_special_tokens=False)
+            # The second prompt must extend the first turn: its tail is the tool result.
+            if not p2.startswith(p1 + c1.removesuffix("<|im_end|>")):
+                raise RuntimeError(f"{record['task_id']}: the second prompt does not extend "
+                                   "the first turn; the rows cannot be rebuilt from text")
+            tail = p2[len(p1) + len(c1.removesuffix("<|im_end|>")):]
+            self.captured.append({"meta": m, "instruction": instr[record["task_id"]],
+                                  "p1": p1, "c1": c1, "tail": tail, "c2": c2})
+
+    def _head(self, p1: str, instruction: str, cut: str) -> tuple[str, str]:
+        """(text before the instruction, text after it) of a first prompt, per curriculum cut."""
+        start = p1.index(instruction)
+        if cut == "bare":
+            return _BARE, _ASSIST
+        if cut == "short":
+            return p1[:start], _ASSIST
+        return p1[:start], p1[start + len(instruction):]
+
+    def rows(self, cut: str, swaps: list[dict]) -> list[tuple[list[int], list[int]]]:
+        """First- and second-turn (prompt ids, completion ids) for each swap
+        {"base": captured index, "source", "target", "value", "template"}."""
+        from harness.tasks.lookup import TEMPLATES
+
+        enc = lambda s: self.tok.encode(s, add_special_tokens=False)  # noqa: E731
+        out = []
+        for swap in swaps:
+            cap = self.captured[swap["base"]]
+            m = cap["meta"]
+            instruction = TEMPLATES[swap["template"]].format(source=swap["source"],
+                                                             target=swap["target"])
+            before, after = self._head(cap["p1"], cap["instruction"], cut)
+            p1 = before + instruction + after
+            c1 = cap["c1"].replace(f"cat {m['source']}", f"cat {swap['source']}")
+            tail = re.sub(rf"\b{m['value']}\b", swap["value"], cap["tail"])
+            c2 = cap["c2"].replace(f"echo {m['value']} > {m['target']}",
+                                   f"echo {swap['value']} > {swap['target']}")
+            if c1 == cap["c1"] and swap["source"] != m["source"] or \
+                    c2 == cap["c2"] and (swap["value"], swap["target"]) != (m["value"],
+                                                                           m["target"]):
+                raise RuntimeError("a captured call does not hold the command to swap")
+            out.append((enc(p1), enc(c1)))
+            out.append((enc(p1 + c1.removesuffix("<|im_end|>") + tail), enc(c2)))
+        return out
+
+    def swaps(self, count: int, words: list[str], names: list[str], rng: random.Random
+              ) -> list[dict]:
+        """`count` swaps: half with the family's own names (new words), half all synthetic."""
+        from harness.tasks.lookup import TEMPLATES
+
+        out = []
+        for i in range(count):
+            base = rng.randrange(len(self.captured))
+            m = self.captured[base]["meta"]
+            own = i % 2 == 0
+            source = m["source"] if own else rng.choice(names)
+            target = m["target"] if own else rng.choice([n for n in names if n != source])
+            out.append({"base": base, "source": source, "target": target,
+                        "value": rng.choice(words), "template": rng.randrange(len(TEMPLATES))})
+        out.extend({"base": b, "source": c["meta"]["source"], "target": c["meta"]["target"],
+                    "value": c["meta"]["value"], "template": c["meta"]["template"]}
+                   for b, c in enumerate(self.captured))
+        return out
+
+
+def _sample(model: Any, tok: Any, prompt: list[int], samples: int) -> list[str]:
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        outs = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                              temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48,
+                              num_return_sequences=samples, pad_token_id=tok.pad_token_id or 0,
+                              eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    model.train()
+    return [tok.decode(o[len(prompt):], skip_special_tokens=False) for o in outs]
+
+
+def probe(model: Any, turns: _Turns, split: str, samples: int) -> dict:
+    """T=1 rates on `split`'s instructions (every one, one word each, captured bases): "first"
+    (`cat SOURCE`), and given the right first turn "value", "target" and "second" (both)."""
+    from harness.tasks.lookup import lookup_tasks
+
+    tasks = {}
+    for task in lookup_tasks(split):
+        tasks.setdefault(task.metadata["instruction_id"], task.metadata)
+    counts = dict.fromkeys(("first", "value", "target", "second"), 0)
+    total = 0
+    for i, meta in enumerate(sorted(tasks.values(), key=lambda m: m["instruction_id"])):
+        swap = {"base": i % len(turns.captured), "source": meta["source"],
+                "target": meta["target"], "value": meta["value"], "template": meta["template"]}
+        (p1, _), (p2, _) = turns.rows("full", [swap])
+        for reply in _sample(model, turns.tok, p1, samples):
+            found = _COMMAND.search(reply)
+            counts["first"] += bool(found) and found.group(1).strip() in (
+                f"cat {meta['source']}", f"cat /app/{meta['source']}")
+        for reply in _sample(model, turns.tok, p2, samples):
+            found = _COMMAND.search(reply)
+            call = re.fullmatch(r"echo (\S+) > (?:/app/)?(\S+)", found.group(1).strip()) \
+                if found else None
+            value, target = (call.group(1) == meta["value"], call.group(2) == meta["target"]) \
+                if call else (False, False)
+            counts["value"] += value
+            counts["target"] += target
+            counts["second"] += value and target
+        total += samples
+    return {**{k: round(v / total, 3) for k, v in counts.items()}, "n": total}
+
+
+def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEPS,
+                       short_steps: int = SHORT_STEPS, full_steps: int = FULL_STEPS,
+                       synthetic_count: int = SYNTHETIC, lr: float = LR, samples: int = 4,
+                       base: Path | None = None, log: Any = print) -> dict:
+    """Capture, SFT and probe into `out` (an HF model dir); returns the build record."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(2)
+    torch.manual_seed(seed)
+    base = base or build_tiny_model()
+    with tempfile.TemporaryDirectory(prefix="lookup-capture-") as scratch:
+        log("capturing scripted two-step solutions of the train instructions (mini-swe-agent)")
+        records = capture_train_traces(Path(scratch))
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    turns = _Turns(tok, records)
+    before = probe(model, turns, "dev", samples)
+    log(f"before SFT (dev): {before}")
+    rng = random.Random(seed)
+    words, names = synthetic_vocabulary(tok.get_vocab(), seed)
+    swaps = turns.swaps(synthetic_count, words, names, rng)
+    pad = tok.pad_token_id or 0
+    for cut, steps in (("bare", bare_steps), ("short", short_steps), ("full", full_steps)):
+        data = turns.rows(cut, swaps)
+        sft_steps(model, data, steps, lambda batch: completion_loss(model, batch, pad), rng=rng,
+                  lr=lr, log=log, stage=f"{cut} prompt", log_every=50)
+    after = {s: probe(model, turns, s, samples) for s in ("dev", "train")}
+    log(f"after SFT: {after}")
+    save_model(out, model, tok, base)
+    return {"base": base.name, "seed": seed, "bare_steps": bare_steps,
+            "short_steps": short_steps, "full_steps": full_steps, "synthetic": synthetic_count,
+            "lr": lr, "captured_rollouts": len(records),
+            "probe": {"before": {"dev": before}, "after": after}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launchers.warm_lookup_model",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--commit", action="store_true",
+                        help=f"write the result to {LOOKUP_MODEL}")
+    parser.add_argument("--out", type=Path, help="build into this directory instead")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--bare-steps", type=int, default=BARE_STEPS)
+    parser.add_argument("--short-steps", type=int, default=SHORT_STEPS)
+    parser.add_argument("--full-steps", type=int, default=FULL_STEPS)
+    parser.add_argument("--synthetic", type=int, default=SYNTHETIC,
+                        help="swapped rows with words and names from outside the family")
+    parser.add_argument("--lr", type=float, default=LR)
+    args = parser.parse_args(argv)
+    if not args.commit and args.out is None:
+        parser.error("give --commit or --out DIR")
+    with tempfile.TemporaryDirectory(prefix="lookup-model-") as scratch:
+        out = args.out or Path(scratch) / "model"
+        record = build_lookup_model(out, seed=args.seed, bare_steps=args.bare_steps,
+                                    short_steps=args.short_steps, full_steps=args.full_steps,
+                                    synthetic_count=args.synthetic, lr=args.lr)
+        print(finish_build(out, record, LOOKUP_MODEL if args.commit else None, rebuild=REBUILD))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
