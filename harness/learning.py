@@ -39,9 +39,11 @@ from rich.table import Table
 
 from harness.eval import PASS_THRESHOLD, pass_rate_table
 from harness.run_config import RunSettings
+from harness.tasks.lookup_rates import by_instruction, step_rates_of_folder
 
 __all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "eval_task_problems",
-           "evaluate_split", "reward_curve", "write_png_plot", "write_reward_curve"]
+           "evaluate_split", "reward_curve", "step_rates_table", "write_png_plot",
+           "write_reward_curve"]
 
 
 class BeforeAfter:
@@ -80,11 +82,18 @@ class BeforeAfter:
         self._evaluate("after")
         if "before" not in self.summaries or "after" not in self.summaries:
             return None
-        table, data = before_after_table(self.summaries["before"], self.summaries["after"])
+        before, after = (by_instruction(self.summaries[k]) for k in ("before", "after"))
+        table, data = before_after_table(before, after, title=_title(self.settings.eval_tasks))
         data.update(eval_tasks=self.settings.eval_tasks,
-                    shuffled_rewards=self.settings.shuffle_rewards, seed=self.settings.seed)
+                    shuffled_rewards=self.settings.shuffle_rewards,
+                    flipped_rewards=self.settings.flip_rewards,
+                    learning_rate=self.settings.learning_rate, seed=self.settings.seed)
         (self.run_dir / "before_after.json").write_text(json.dumps(data, indent=1))
         self.console.print(table)
+        if self.summaries["before"].get("step_rates") or self.summaries["after"].get("step_rates"):
+            steps_table, data["step_rates"] = step_rates_table(
+                self.summaries["before"].get("step_rates"), self.summaries["after"].get("step_rates"))
+            self.console.print(steps_table)
         return data
 
     def curve(self, history: list[dict[str, float]]) -> None:
@@ -157,10 +166,33 @@ def evaluate_split(make_factory: Any, settings: RunSettings, tasks: list, run_di
         factory.close()
     _, summary = pass_rate_table(factory.records)
     summary["label"] = label
+    summary["step_rates"] = step_rates_of_folder(out, pass_threshold=PASS_THRESHOLD)
     summary["causes"] = {c: sum(r["cause"] == c for r in factory.records)
                          for c in sorted({r["cause"] for r in factory.records})}
     (out / "eval_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _title(eval_tasks: str | None) -> str:
+    return "Test pass rate" if (eval_tasks or "").endswith(":test") else "Held-out pass rate"
+
+
+def step_rates_table(before: dict | None, after: dict | None) -> tuple[Table, dict]:
+    """The lookup family's per-step rates (harness.tasks.lookup_rates) before and after."""
+    table = Table(title="What was learned, step by step: before -> after")
+    for column in ("step", "before", "after", "change"):
+        table.add_column(column, justify="left" if column == "step" else "right",
+                         overflow="fold")
+    labels = {"looked": "1. looked at the source file first",
+              "used_observation": "2. wrote the word the file showed",
+              "passed": "3. final answer right (verifier)"}
+    for key, label in labels.items():
+        b, a = (before or {}).get(key), (after or {}).get(key)
+        change = "-" if b is None or a is None else f"{(a - b) * 100:+.1f} points"
+        table.add_row(label, _pct(b), _pct(a), change)
+    table.caption = (f"scored rollouts: {(before or {}).get('n', 0)} before, "
+                     f"{(after or {}).get('n', 0)} after; a guess of the word is right 1 in 8")
+    return table, {"before": before, "after": after}
 
 
 def _rate(row: dict) -> float | None:

@@ -37,7 +37,7 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "qui
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "resume", "weight_sync",
-                        "reward_fn", "reward_funcs", "report_to", "shuffle_rewards",
+                        "reward_fn", "reward_funcs", "report_to", "shuffle_rewards", "flip_rewards",
                         "shuffle_tasks", "eval_tasks", "eval_rollouts_per_task", "rollout_service",
                         "rollout_service_key_file"})
 
@@ -48,6 +48,8 @@ TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate
 TINY_LEARNING_RATE = 5e-4
 MODEL_LEARNING_RATE = 1e-6
 _TINY_MODELS = Path(__file__).resolve().parents[1] / "models"  # the committed tiny models
+# --eval-tasks "auto": the test split of a generated family trained on its train split.
+_DEFAULT_EVAL = {"lookup:train": "lookup:test", "family:train": "family:heldout"}
 
 
 class SettingsError(ValueError):
@@ -64,7 +66,7 @@ class RunSettings:
 
     harness: str = "mini-swe-agent"
     model: str | None = None  # None: the tiny default model, warm-started (models/, committed)
-    tasks: str = "family:train"
+    tasks: str = "lookup:train"  # the multi-step family (harness/tasks/lookup.py)
     task_count: int | None = None
     sandbox: str = "local"
     engine_url: str | None = None  # None: launch vLLM here
@@ -80,9 +82,9 @@ class RunSettings:
     learning_rate: float | None = None
     temperature: float = 1.0
     max_tokens: int = 128  # per engine call, enforced by the capture proxy
-    # Agent turns per rollout. None: 1 on the create-file family (one command solves it, and the
-    # warm-started tiny model cannot yet end an episode by itself: launchers/warm_model.py), 8
-    # on any other tasks (__post_init__).
+    # Agent turns per rollout. None (__post_init__): 2 on the lookup family (look, then write:
+    # the tiny warm start does not end an episode by itself), 1 on the create-file family (one
+    # command solves it), 8 on any other tasks.
     max_agent_steps: int | None = None
     agent_timeout_s: float = 180.0
     output_dir: str | None = None  # None: a fresh runs/<UTC time>-train|eval (harness.run_dir)
@@ -101,12 +103,16 @@ class RunSettings:
     seed: int = 0
     rollouts_per_task: int = 2  # eval only
     shuffle_rewards: bool = False  # the control: rewards permuted within each group
+    flip_rewards: bool = False  # the control: each reward r trained as 1 - r
     train_unplaced_calls: bool = False  # capture.placement: calls outside the agent's own chat
     shuffle_tasks: bool = True  # train tasks in a fresh order each epoch, seeded by --seed
-    # Held-out tasks evaluated before and after training. "auto": family:heldout when --tasks is
-    # family:train, else none; "none": no evaluation (resolved in __post_init__).
+    # Held-out tasks evaluated before and after training. "auto": lookup:test when --tasks is
+    # lookup:train, family:heldout when it is family:train, else none; "none": no evaluation
+    # (resolved in __post_init__).
     eval_tasks: str | None = "auto"
-    eval_rollouts_per_task: int = 8  # 96 on the held-out family: +-4-5 points a side
+    # None: 1 on lookup:test (96 tasks), else 8 (family:heldout: 12 tasks); 96 rollouts a side,
+    # +-4-5 points of standard error.
+    eval_rollouts_per_task: int | None = None
     # Running `python -m harness.serve` services (URL[,URL...]); None: start one here.
     rollout_service: str | None = None
     rollout_service_key_file: str | None = None  # else $HARNESS_SERVICE_KEY
@@ -116,11 +122,14 @@ class RunSettings:
             tiny = self.model is None or Path(self.model).resolve().parent == _TINY_MODELS
             self.learning_rate = TINY_LEARNING_RATE if tiny else MODEL_LEARNING_RATE
         if self.max_agent_steps is None:
-            self.max_agent_steps = 1 if self.tasks.startswith("family:") else 8
+            self.max_agent_steps = (2 if self.tasks.startswith("lookup:")
+                                    else 1 if self.tasks.startswith("family:") else 8)
         if self.eval_tasks == "auto":
-            self.eval_tasks = "family:heldout" if self.tasks == "family:train" else None
+            self.eval_tasks = _DEFAULT_EVAL.get(self.tasks)
         elif self.eval_tasks == "none":
             self.eval_tasks = None
+        if self.eval_rollouts_per_task is None:
+            self.eval_rollouts_per_task = 1 if (self.eval_tasks or "").startswith("lookup:") else 8
 
     def rollout_service_urls(self) -> list[str]:
         """--rollout-service as a list of URLs ([] when a local service is started)."""
@@ -141,6 +150,7 @@ class RunSettings:
             seed=self.seed, output_dir=str(Path(run_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
             save_steps=self.save_steps, shuffle_rewards=self.shuffle_rewards,
+            flip_rewards=self.flip_rewards,
             shuffle_dataset=self.shuffle_tasks,
             train_unplaced_calls=self.train_unplaced_calls,
         )
@@ -180,12 +190,13 @@ def _help(name: str) -> str:
     return {
         "harness": f"agent to train: {', '.join(HARNESSES)}",
         "model": "HF model dir, or hub id org/name[@revision] (downloaded once, same commit for "
-                 "engine and trainer; default: the committed tiny model warm-started on the "
-                 "create-file family's train tasks in the agent's own format: "
-                 "models/tiny-qwen3-create-file-HARNESS for codex, opencode and "
-                 "claude-code, models/tiny-qwen3-create-file for mini-swe-agent)",
-        "tasks": "Harbor tasks: family:train / family:heldout (the generated create-file "
-                 "family), 'bundled', a folder, registry:name@version, or hf:org/repo",
+                 "engine and trainer; default: a committed tiny model warm-started on the "
+                 "family's train tasks: models/tiny-qwen3-lookup for mini-swe-agent on lookup:*, "
+                 "else the create-file warm start in the agent's own format, "
+                 "models/tiny-qwen3-create-file[-HARNESS])",
+        "tasks": "Harbor tasks: lookup:train|dev|test (the multi-step lookup family), "
+                 "family:train|heldout (the one-step create-file family), 'bundled', a folder, "
+                 "registry:name@version, or hf:org/repo",
         "task_count": "use only the first N tasks",
         "sandbox": "where rollouts run: local (bubblewrap), docker, e2b, daytona, modal, podman",
         "engine_url": "use this running vLLM server instead of launching one",
@@ -198,11 +209,12 @@ def _help(name: str) -> str:
         "save_steps": "write a sharded checkpoint every N steps (and after the last; 0: only "
                       "the last); the final model is exported to <output-dir>/trainer/model",
         "learning_rate": "AdamW learning rate (default: 5e-4 for the committed tiny models, "
-                         "1e-6 for any other --model)",
+                         "1e-6 for any other --model; 0 is the control that measures "
+                         "evaluation noise: every step runs, the weights never move)",
         "temperature": "sampling temperature (enforced on every agent call)",
         "max_tokens": "completion token cap per engine call (enforced by the proxy)",
-        "max_agent_steps": "agent turns allowed per rollout (default: 1 on the family:* tasks, "
-                           "8 on others)",
+        "max_agent_steps": "agent turns allowed per rollout (default: 2 on lookup:*, 1 on "
+                           "family:*, 8 on others)",
         "agent_timeout_s": "seconds an agent may run before the rollout times out",
         "output_dir": "the run folder: checkpoints, metrics, traces and outcomes go here "
                       "(default: a new runs/<UTC time>-train or -eval, linked as runs/latest; "
@@ -225,15 +237,19 @@ def _help(name: str) -> str:
         "rollouts_per_task": "(eval) rollouts per task",
         "shuffle_rewards": "control run: permute rewards within each group, so they no longer "
                            "follow actions (a loop that still learns has a bug)",
+        "flip_rewards": "control run: train each reward r as 1 - r, so the policy is pushed away "
+                        "from what the verifier pays (the pass rate must fall)",
         "train_unplaced_calls": "also train engine calls the capture could not place in the "
                                 "agent's own conversation (made with the agent's key by a "
                                 "command it ran; marked unplaced in the trace)",
         "shuffle_tasks": "train the tasks in a fresh order each epoch, seeded by --seed "
                          "(--no-shuffle-tasks: the split's order, neighbours in one step)",
         "eval_tasks": "tasks (same forms as --tasks) evaluated before and after training, with a "
-                      "before/after pass-rate table; default: family:heldout when --tasks is "
-                      "family:train, else none ('none' skips it)",
-        "eval_rollouts_per_task": "rollouts per --eval-tasks task, before and after",
+                      "before/after pass-rate table; default: lookup:test when --tasks is "
+                      "lookup:train, family:heldout when it is family:train, else none "
+                      "('none' skips it)",
+        "eval_rollouts_per_task": "rollouts per --eval-tasks task, before and after (default: "
+                                  "1 on lookup:test, 8 otherwise)",
         "rollout_service": "running rollout services (python -m harness.serve) to use, as "
                            "URL[,URL...], instead of the one this command starts; give "
                            "--engine-url too: the engine the services were started with",

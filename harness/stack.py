@@ -124,7 +124,7 @@ class RunStack:
         is the committed warm start for this run's agent."""
         s = self.settings
         try:
-            self.model = resolve_model(s.model, harness=s.harness)
+            self.model = resolve_model(s.model, harness=s.harness, tasks=s.tasks)
         except ModelError as exc:  # a settings problem to train/eval: reported, exit code 2
             raise SettingsError([str(exc)]) from exc
         self.model_path = self.model.path

@@ -143,7 +143,7 @@ def _follow(settings: RunSettings) -> dict:
     # The same resolution as rank 0's (a hub id hits the cache rank 0 filled; pin a commit with
     # org/name@sha, or pass a snapshot directory as launchers/hf_jobs.py does, to rule out a
     # push landing between the ranks' lookups).
-    model = str(resolve_model(settings.model, harness=settings.harness).path)
+    model = str(resolve_model(settings.model, harness=settings.harness, tasks=settings.tasks).path)
     trainer = HarnessAsyncGRPOTrainer(model=model, harness_session_factory=_no_rollouts,
                                       args=settings.trainer_config())
     trainer.train()

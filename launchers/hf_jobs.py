@@ -94,6 +94,8 @@ SECRET_NAMES = ("HF_TOKEN", "E2B_API_KEY")
 # folder (tests/test_same_weights.py checks both against the code that owns them).
 DEFAULT_HARNESS = "mini-swe-agent"
 WARM_MODEL_NAME = "tiny-qwen3-create-file"
+LOOKUP_MODEL_NAME = "tiny-qwen3-lookup"
+DEFAULT_TASKS = "lookup:train"  # harness.run_config.RunSettings.tasks
 # The job's first command: unpack the code into a writable dir and hand over to this file. The
 # train args arrive as "$@" (bash -c SCRIPT NAME ARGS...), so no quoting is rebuilt by hand.
 BOOTSTRAP = (
@@ -277,13 +279,16 @@ def run_setting(train_args: list[str], flag: str) -> str | None:
     return None if value is None else str(value)
 
 
-def default_model(harness: str | None, root: str | Path = REPO) -> str:
+def default_model(harness: str | None, root: str | Path = REPO, tasks: str | None = None) -> str:
     """The directory `harness.train` loads when no --model is given (launchers.models.resolve_model
-    with None): the agent's own committed warm start where there is one, else mini-swe-agent's.
+    with None): mini-swe-agent on the lookup family (the default --tasks) gets the lookup warm
+    start, else the agent's own committed warm start where there is one, else mini-swe-agent's.
     Read from the committed folders here, without importing launchers.models (it needs the project
     venv; a submit runs under `uv run` with huggingface_hub alone). tests/test_same_weights.py
     checks it against resolve_model for every --harness."""
     harness = harness or DEFAULT_HARNESS
+    if harness == DEFAULT_HARNESS and (tasks or DEFAULT_TASKS).startswith("lookup:"):
+        return str(Path(root) / "models" / LOOKUP_MODEL_NAME)
     own = f"{WARM_MODEL_NAME}-{harness}"
     name = own if (REPO / "models" / own / "BUILD.json").is_file() else WARM_MODEL_NAME
     return str(Path(root) / "models" / name)
@@ -298,8 +303,8 @@ def fresh_output_dir(kind: str = "train") -> str:
 def with_run_model(train_args: list[str], root: str | Path = REPO) -> list[str]:
     """`train_args` with an explicit --model (the flag, the --config file's, or the harness's
     default) and --output-dir, so the engine, the service and every trainer rank agree."""
-    model = run_setting(train_args, "--model") or default_model(run_setting(train_args, "--harness"),
-                                                                root)
+    model = run_setting(train_args, "--model") or default_model(
+        run_setting(train_args, "--harness"), root, run_setting(train_args, "--tasks"))
     out = run_setting(train_args, "--output-dir") or fresh_output_dir()
     return _with_flag(_with_flag(train_args, "--model", model), "--output-dir", out)
 

@@ -77,15 +77,23 @@ def _check_local(path: Path, spec: str) -> None:
                          "(config.json, tokenizer, *.safetensors) or a hub id like Qwen/Qwen3-4B")
 
 
-def resolve_model(spec: str | None, *, harness: str | None = None, endpoint: str | None = None,
-                  token: str | bool | None = None) -> ResolvedModel:
+def lookup_default(harness: str | None, tasks: str | None) -> bool:
+    """Whether the default model is the lookup family's warm start: mini-swe-agent on lookup:*
+    (the other agents have no lookup warm start yet and start from their create-file one)."""
+    return harness in (None, "mini-swe-agent") and (tasks or "").startswith("lookup:")
+
+
+def resolve_model(spec: str | None, *, harness: str | None = None, tasks: str | None = None,
+                  endpoint: str | None = None, token: str | bool | None = None) -> ResolvedModel:
     """The local directory every process of the run should load `spec` from.
 
-    None is the default model: the tiny model warm-started on the create-file family's train
-    tasks in `harness`'s own prompt format (committed under models/: tiny-qwen3-create-file by
-    launchers/warm_model.py for mini-swe-agent and no harness;
+    None is the default model, committed under models/: on the lookup family (`tasks`
+    lookup:*) with mini-swe-agent (or no harness), the tiny model warm-started on its train
+    pairs (tiny-qwen3-lookup, launchers/warm_lookup_model.py); otherwise the tiny model
+    warm-started on the create-file family's train tasks in `harness`'s own prompt format
+    (tiny-qwen3-create-file by launchers/warm_model.py for mini-swe-agent and no harness;
     tiny-qwen3-create-file-{codex,opencode,claude-code} by launchers/warm_agent_model.py for those
-    three; its files
+    three); its files
     checked against BUILD.json; a run's --seed sets its sampling and training, not which model it
     starts from); an existing directory is used as
     is; `org/name[@rev]` is downloaded from the hub (or found in its cache) at one commit.
@@ -95,6 +103,10 @@ def resolve_model(spec: str | None, *, harness: str | None = None, endpoint: str
         from launchers.warm_agent_model import AGENT_WARM_MODELS, committed_agent_warm_model
         from launchers.warm_model import committed_warm_model
 
+        if lookup_default(harness, tasks):
+            from launchers.warm_lookup_model import committed_lookup_model
+
+            return ResolvedModel(committed_lookup_model(), "tiny")
         if harness in AGENT_WARM_MODELS:
             return ResolvedModel(committed_agent_warm_model(harness), "tiny")
         return ResolvedModel(committed_warm_model(), "tiny")

@@ -36,7 +36,8 @@ def _train_args(harness: str | None) -> list[str]:
 
 def _expected(harness: str | None, root: str | Path) -> str:
     """What harness.train itself loads for this harness with no --model, under `root`."""
-    path = resolve_model(None, harness=harness or RunSettings().harness).path
+    defaults = RunSettings()
+    path = resolve_model(None, harness=harness or defaults.harness, tasks=defaults.tasks).path
     return str(Path(root) / path.relative_to(REPO_ROOT))
 
 
@@ -46,10 +47,13 @@ def _models(commands: dict[str, str]) -> tuple[str | None, str | None]:
 
 
 def test_the_launchers_defaults_are_the_ones_harness_train_uses() -> None:
+    from launchers.warm_lookup_model import LOOKUP_MODEL
     from launchers.warm_model import WARM_MODEL
 
     assert RunSettings().harness == hf_jobs.DEFAULT_HARNESS
     assert WARM_MODEL.name == hf_jobs.WARM_MODEL_NAME
+    assert LOOKUP_MODEL.name == hf_jobs.LOOKUP_MODEL_NAME
+    assert RunSettings().tasks == hf_jobs.DEFAULT_TASKS
 
 
 @pytest.mark.parametrize("harness", CASES, ids=lambda h: h or "default")
@@ -110,8 +114,10 @@ def test_harness_train_loads_one_model_on_every_rank(harness, tmp_path) -> None:
 
     settings = RunSettings(harness=harness, output_dir=str(tmp_path))
     rank0 = RunStack(settings, tmp_path, weight_transfer=False).resolve_model().path
-    follower = resolve_model(settings.model, harness=settings.harness).path
+    follower = resolve_model(settings.model, harness=settings.harness, tasks=settings.tasks).path
     assert rank0 == follower
     assert str(rank0) == _expected(harness, REPO_ROOT)
     own = REPO_ROOT / "models" / f"tiny-qwen3-create-file-{harness}"
-    assert rank0.name == (own.name if own.is_dir() else "tiny-qwen3-create-file")
+    expected = ("tiny-qwen3-lookup" if harness in (None, "mini-swe-agent")
+                else own.name if own.is_dir() else "tiny-qwen3-create-file")
+    assert rank0.name == expected

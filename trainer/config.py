@@ -63,6 +63,9 @@ class AsyncGRPOConfig:
     # Control run: permute each group's rewards among its rollouts before the baseline, so
     # rewards no longer follow actions. A loop that learns from it has a bug (trainer/groups.py).
     shuffle_rewards: bool = False
+    # Control run: each scored reward r becomes 1 - r (tampered rollouts keep their 0), so the
+    # policy is pushed away from what the verifier pays. A loop that still rises has a bug.
+    flip_rewards: bool = False
     beta: float = 0.0  # k3 KL coefficient to the initial (reference) policy; 0 = no ref model
     # --- async / staleness --------------------------------------------------------------------
     max_staleness: int = 1  # versions a token may lag the policy it trains (TRL: per group only)
@@ -170,8 +173,15 @@ class AsyncGRPOConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not (value > 0 and math.isfinite(value)):
                 p.append(f"{name}={value!r}: must be a finite number of seconds > 0")
-        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
-            p.append(f"learning_rate={self.learning_rate!r}: must be > 0")
+        # 0 is allowed as a control: every step runs and pushes, the weights never move, so a
+        # before/after change measures evaluation noise alone.
+        if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, (int, float)) \
+                or not (self.learning_rate >= 0 and math.isfinite(self.learning_rate)):
+            p.append(f"learning_rate={self.learning_rate!r}: must be >= 0 (0: the control "
+                     "whose weights never move)")
+        if self.shuffle_rewards and self.flip_rewards:
+            p.append("shuffle_rewards and flip_rewards: two controls at once measure neither; "
+                     "run them as separate runs")
         if self.weight_decay < 0:
             p.append(f"weight_decay={self.weight_decay!r}: must be >= 0")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:

@@ -6,9 +6,11 @@ Order of decisions for one group (all rollouts of one task, one seed):
    counted by cause, out of the baseline;
 2. reward: `score_rollout` (reward functions, else env_reward); a failing reward function ->
    cause "reward_failure", unscorable; a None reward -> unscorable;
-3. (control runs only, `shuffle_rewards`) the scored rewards are permuted among the group's
+3. (control runs only) `shuffle_rewards`: the scored rewards are permuted among the group's
    rollouts with a per-group seeded RNG; each rollout's record keeps its own reward as
-   `reward_unshuffled`, and `reward/mean` is unchanged (a permutation keeps the multiset);
+   `reward_unshuffled`, and `reward/mean` is unchanged (a permutation keeps the multiset).
+   `flip_rewards`: each scored reward r becomes 1 - r (kept as `reward_unflipped`); tampered
+   rollouts keep their 0;
 4. advantages over the scorable rollouts; a group that cannot give a gradient (no/one reward,
    zero variance) is skipped here, before any row is built or forwarded;
 5. rows for each rollout with an advantage, built from its trace (trainer/rows.py); a malformed
@@ -65,6 +67,7 @@ def prepare_group(
     scale_rewards: bool,
     dispatch_version: int,
     shuffle_seed: int | None = None,
+    flip: bool = False,
     truncated: str = "train",
     train_unplaced: bool = False,
 ) -> PreparedGroup:
@@ -114,6 +117,8 @@ def prepare_group(
             g.causes["unscorable"] += 1
         g.rewards.append(scored.total)
         record.update(reward=scored.total, parts=dict(scored.parts))
+    if flip:
+        _flip_rewards(g, tampered)
     if shuffle_seed is not None:
         _shuffle_rewards(g, random.Random(f"{shuffle_seed}:{group_index}"), tampered)
     adv = group_advantages(g.rewards, scale_rewards=scale_rewards)
@@ -134,6 +139,15 @@ def prepare_group(
         g.rows.extend(rows)
         g.row_advantages.extend([a] * len(rows))
     return g
+
+
+def _flip_rewards(g: PreparedGroup, fixed: set[int]) -> None:
+    """r -> 1 - r for the scored rollouts (not unscorable, not tampered ones: a tampered
+    rollout keeps its 0, or flipping would pay it)."""
+    for i, r in enumerate(g.rewards):
+        if r is not None and i not in fixed:
+            g.per_rollout[i]["reward_unflipped"] = r
+            g.per_rollout[i]["reward"] = g.rewards[i] = 1.0 - r
 
 
 def _shuffle_rewards(g: PreparedGroup, rng: random.Random, fixed: set[int]) -> None:

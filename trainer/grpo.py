@@ -280,6 +280,7 @@ class HarnessAsyncGRPOTrainer:
                              scale_rewards=self.args.scale_rewards,
                              dispatch_version=f.dispatch_version,
                              shuffle_seed=self.args.seed if self.args.shuffle_rewards else None,
+                             flip=self.args.flip_rewards,
                              truncated=self.args.truncated_turns,
                              train_unplaced=self.args.train_unplaced_calls)
 

@@ -1,0 +1,95 @@
+# Run: .venv/bin/python -m pytest tests/test_learning_controls.py -x -q
+"""The controls bench/learning runs beside every seed (issue 32): flipped rewards (r -> 1 - r,
+the pass rate must fall) and learning rate 0 (every step runs and pushes, the weights never
+move: the before/after change is evaluation noise), next to the shuffled rewards tested in
+test_learning_instruments.py. Each reaches the trainer from the command line, and the flip
+reverses every advantage a group would have had."""
+
+from __future__ import annotations
+
+import random
+
+from harness.run_config import build_parser, settings_from_args
+from trainer.config import AsyncGRPOConfig
+from trainer.fakes import synthetic_trace
+from trainer.groups import prepare_group
+from trainer.rollouts import Rollout, RolloutOutcome
+
+
+def _rollout(reward: float | None, cause: str = "ok", seed: int = 0) -> Rollout:
+    outcome = RolloutOutcome(env_reward=reward, completion=[], trace=[], tool_call_count=1,
+                             tool_failure_count=0, tool_calls_by_name={"bash": 1},
+                             timed_out=False)
+    return Rollout(cause=cause, trace=synthetic_trace(random.Random(seed)), outcome=outcome,
+                   env_reward=reward, episode_id=f"e{seed}")
+
+
+def _group(rewards: list[float], causes: list[str], *, flip: bool):
+    results = [_rollout(r, c, i) if c != "infra_failure" else Rollout(cause=c, error="died")
+               for i, (r, c) in enumerate(zip(rewards, causes, strict=True))]
+    return prepare_group(results, group_index=0, reward_funcs=[], scale_rewards=True,
+                         dispatch_version=0, flip=flip)
+
+
+def test_flipped_rewards_reverse_every_advantage_and_never_pay_a_tampered_rollout():
+    rewards = [1.0, 0.0, 1.0, 0.25, None, 0.0]
+    causes = ["ok", "ok", "tampered", "ok", "infra_failure", "model_failure"]
+    plain, flipped = _group(rewards, causes, flip=False), _group(rewards, causes, flip=True)
+    assert plain.rewards == [1.0, 0.0, 0.0, 0.25, None, 0.0]  # tampered scored 0
+    assert flipped.rewards == [0.0, 1.0, 0.0, 0.75, None, 1.0]  # tampered keeps its 0
+    for i in (0, 1, 3, 5):
+        assert flipped.per_rollout[i]["reward_unflipped"] == plain.rewards[i]
+        assert flipped.per_rollout[i]["reward"] == flipped.rewards[i]
+    assert "reward_unflipped" not in flipped.per_rollout[2]
+    # The best rollout of the plain group is pushed down under the flip, the worst up.
+    adv = lambda g, i: g.per_rollout[i]["advantage"]  # noqa: E731
+    assert adv(plain, 0) > 0 > adv(flipped, 0)
+    assert adv(plain, 1) < 0 < adv(flipped, 1)
+
+
+def test_the_controls_reach_the_trainer_and_refuse_to_be_combined():
+    parser = build_parser("t", "d")
+    s = settings_from_args(parser, ["--flip-rewards"])
+    assert s.trainer_config().flip_rewards and not s.trainer_config().shuffle_rewards
+    zero = settings_from_args(build_parser("t", "d"), ["--learning-rate", "0"])
+    assert zero.trainer_config().learning_rate == 0
+    assert not any("learning_rate" in p for p in zero.trainer_config().validate())
+    both = AsyncGRPOConfig(shuffle_rewards=True, flip_rewards=True)
+    assert any("two controls" in p for p in both.validate())
+    for bad in (-1e-4, float("nan"), float("inf")):
+        assert any("learning_rate" in p for p in AsyncGRPOConfig(learning_rate=bad).validate())
+
+
+def test_a_trainer_step_at_learning_rate_zero_runs_and_moves_no_weight(tmp_path):
+    # The real trainer's step (trainer.loop.run_step) with gradients that move the weights at
+    # lr 1e-2: at 0 the step still runs (the version advances, so the push happens) and every
+    # parameter stays bit for bit where it was.
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from trainer.fakes import ReplaySource, make_trace, make_turn
+    from trainer.grpo import HarnessAsyncGRPOTrainer
+    from trainer.loop import StepInput, run_step
+    from trainer.rows import trace_to_rows
+
+    def step(lr: float) -> tuple[list, list, int]:
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(Qwen3Config(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+            max_position_embeddings=64, tie_word_embeddings=True)).float()
+        args = AsyncGRPOConfig(num_generations=2, max_steps=1, learning_rate=lr,
+                               output_dir=str(tmp_path / str(lr)), report_to="none")
+        source = ReplaySource(lambda s, k: None, lambda s, k: None)
+        trainer = HarnessAsyncGRPOTrainer(model, lambda sampling: source, args)
+        rows = [trace_to_rows(make_trace(make_turn([5, 6, 7], c, node_id=n)))[0][0]
+                for c, n in (([40, 41], "g"), ([90, 91], "b"))]
+        before = [p.detach().clone() for p in model.parameters()]
+        run_step(trainer, StepInput(rows=rows, advantages=[1.0, -1.0]))
+        return before, [p.detach() for p in model.parameters()], trainer.state.policy_version
+
+    before, after, version = step(0.0)
+    assert version == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    before, after, _ = step(1e-2)  # the same step at a real rate does move them
+    assert not all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
