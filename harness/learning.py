@@ -37,6 +37,7 @@ from rich.table import Table
 
 from harness.eval import PASS_THRESHOLD, pass_rate_table
 from harness.run_config import RunSettings
+from harness.tables import add_columns
 
 __all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "eval_task_problems",
            "evaluate_split", "reward_curve", "reward_series", "write_before_after_chart",
@@ -177,8 +178,7 @@ def before_after_table(before: dict, after: dict, *, title: str = "Held-out pass
                        ) -> tuple[Table, dict]:
     """Per-task and overall passes before and after, with the change in points."""
     table = Table(title=f"{title}: before -> after training")
-    for column in ("task", "before", "after", "change"):
-        table.add_column(column, justify="left" if column == "task" else "right")
+    add_columns(table, "task", "before", "after", "change", right={"before", "after", "change"})
     tasks = sorted(set(before["per_task"]) | set(after["per_task"]))
     empty = {"passed": 0, "scored": 0, "unscored": 0}
     rows = {}
