@@ -98,14 +98,18 @@ def before_after_figure(data: dict, *, title: str = "Held-out pass rate before a
     ys = list(range(len(rows)))[::-1]  # first task on top, overall at the bottom
     before = [b if b is not None else math.nan for _, b, _ in rows]
     after = [a if a is not None else math.nan for _, _, a in rows]
-    ax.barh([y + h / 2 for y in ys], before, height=h, color=COLOURS[0], label="before training")
-    ax.barh([y - h / 2 for y in ys], after, height=h, color=COLOURS[1], label="after training")
+    for offset, values, colour, label in ((h / 2, before, COLOURS[0], "before training"),
+                                          (-h / 2, after, COLOURS[1], "after training")):
+        bars = ax.barh([y + offset for y in ys], values, height=h, color=colour, label=label)
+        # Each bar's value at its end: a 0% bar has no width, and must still be read as 0%.
+        ax.bar_label(bars, labels=["" if math.isnan(v) else f"{v:.0f}%" for v in values],
+                     padding=2, fontsize=7)
     for y, (_, b, a) in zip(ys, rows, strict=True):
         text = ("not scored" if b is None or a is None else f"{a - b:+.1f} points")
-        ax.text(102, y, text, va="center", fontsize=9)
+        ax.text(109, y, text, va="center", fontsize=9, gid="change")
     ax.set_yticks(ys, labels, fontsize=8)
     ax.get_yticklabels()[-1].set_fontweight("bold")  # "overall"
-    ax.set_xlim(0, 122)
+    ax.set_xlim(0, 132)
     ax.set_xticks(range(0, 101, 20))
     ax.set_xlabel("pass rate (% of scored rollouts; the change in points at the right)")
     ax.set_title(title)

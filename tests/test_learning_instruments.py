@@ -217,8 +217,10 @@ def test_the_before_after_chart_shows_each_task_overall_and_the_change(tmp_path:
     bars = [p.get_width() for p in ax.patches]
     assert bars[0] == 25.0 and math.isnan(bars[1]) and bars[2] == 25.0  # short before: no bar
     assert bars[3:] == [75.0, 50.0, 62.5]
-    notes = [t.get_text() for t in ax.texts]
+    notes = [t.get_text() for t in ax.texts if t.get_gid() == "change"]
     assert notes == ["+50.0 points", "not scored", "+37.5 points"]
+    values = [t.get_text() for t in ax.texts if t.get_gid() != "change"]  # at each bar's end
+    assert values == ["25%", "", "25%", "75%", "50%", "62%"]
 
 
 # --- the held-out evaluation, end to end with a real agent ----------------------------------
