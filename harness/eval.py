@@ -32,6 +32,7 @@ from harness.run_config import (
 from harness.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
 from harness.run_records import RecordingFactory
 from harness.stack import RunStack
+from harness.tables import add_columns
 
 __all__ = ["main", "pass_rate_table", "run_eval"]
 
@@ -49,8 +50,8 @@ def pass_rate_table(records: list[dict]) -> tuple[Table, dict]:
             row["scored"] += 1
             row["passed"] += int(r["env_reward"] >= PASS_THRESHOLD)
     table = Table(title="Pass rate")
-    for column in ("task", "passed", "scored", "unscored", "pass rate"):
-        table.add_column(column, justify="left" if column == "task" else "right")
+    add_columns(table, "task", "passed", "scored", "unscored", "pass rate",
+                right={"passed", "scored", "unscored", "pass rate"})
     totals = {"passed": 0, "scored": 0, "unscored": 0}
     for task, row in sorted(per_task.items()):
         rate = row["passed"] / row["scored"] if row["scored"] else None

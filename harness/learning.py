@@ -9,7 +9,7 @@ control) as its falsification check. This module holds the logic; `harness.train
     learning.before()        # --eval-tasks at the engine's initial weights
     ...train...              # the weight sync pushes every step's weights into the same engine
     learning.after()         # the same tasks and seeds; prints the table, writes before_after.json
-    learning.curve(history)  # every run: reward_curve.json + reward_curve.png
+    learning.curve(history)  # every run: reward_curve.json + .png; before_after.png with after()
 
 `make_factory(split, sampling)` makes the session factory the evaluation runs on: in
 `harness.train` a RemoteSessionFactory on the run's rollout services (the same services, proxy
@@ -21,17 +21,15 @@ unscored rollouts are counted apart, never as fails.
 
 `write_reward_curve()` writes <run>/reward_curve.json (per step: reward mean, verifier reward
 mean when reward functions shape it, rollouts scored, whether rewards were shuffled) and
-<run>/reward_curve.png: with matplotlib when it is installed, else a dependency-free raster of
-the same lines (no text; the JSON beside it holds the numbers).
+<run>/reward_curve.png; `write_before_after_chart()` draws <run>/before_after.png (per task and
+overall, before vs after, with the change) from before_after.json. Both charts are matplotlib
+(harness/plots.py) with axes, labels, a title and a legend; the JSON beside each holds the numbers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
-import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +37,12 @@ from rich.table import Table
 
 from harness.eval import PASS_THRESHOLD, pass_rate_table
 from harness.run_config import RunSettings
+from harness.tables import add_columns
 from harness.tasks.lookup_rates import by_instruction, step_rates_of_folder
 
 __all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "eval_task_problems",
-           "evaluate_split", "reward_curve", "step_rates_table", "write_png_plot",
+           "evaluate_split", "reward_curve", "reward_series", "step_rates_table",
+           "write_before_after_chart",
            "write_reward_curve"]
 
 
@@ -97,8 +97,11 @@ class BeforeAfter:
         return data
 
     def curve(self, history: list[dict[str, float]]) -> None:
+        """reward_curve.json + .png (every run); before_after.png when after() wrote its JSON."""
         _, png = write_reward_curve(self.run_dir, history, shuffled=self.settings.shuffle_rewards)
         self.console.print(f"[bold]reward curve[/] {png} (data: reward_curve.json)")
+        if (chart := write_before_after_chart(self.run_dir)) is not None:
+            self.console.print(f"[bold]before/after chart[/] {chart} (data: before_after.json)")
 
 
 def before_after_problems(settings: RunSettings) -> list[str]:
@@ -180,9 +183,7 @@ def _title(eval_tasks: str | None) -> str:
 def step_rates_table(before: dict | None, after: dict | None) -> tuple[Table, dict]:
     """The lookup family's per-step rates (harness.tasks.lookup_rates) before and after."""
     table = Table(title="What was learned, step by step: before -> after")
-    for column in ("step", "before", "after", "change"):
-        table.add_column(column, justify="left" if column == "step" else "right",
-                         overflow="fold")
+    add_columns(table, "step", "before", "after", "change", right={"before", "after", "change"})
     labels = {"looked": "1. looked at the source file first",
               "used_observation": "2. wrote the word the file showed",
               "passed": "3. final answer right (verifier)"}
@@ -207,8 +208,7 @@ def before_after_table(before: dict, after: dict, *, title: str = "Held-out pass
                        ) -> tuple[Table, dict]:
     """Per-task and overall passes before and after, with the change in points."""
     table = Table(title=f"{title}: before -> after training")
-    for column in ("task", "before", "after", "change"):
-        table.add_column(column, justify="left" if column == "task" else "right")
+    add_columns(table, "task", "before", "after", "change", right={"before", "after", "change"})
     tasks = sorted(set(before["per_task"]) | set(after["per_task"]))
     empty = {"passed": 0, "scored": 0, "unscored": 0}
     rows = {}
@@ -247,95 +247,39 @@ def reward_curve(history: list[dict[str, float]], *, shuffled: bool) -> dict:
     return curve
 
 
-def write_reward_curve(run_dir: Path, history: list[dict[str, float]], *, shuffled: bool,
-                       force_builtin: bool = False) -> tuple[Path, Path]:
+def write_reward_curve(run_dir: Path, history: list[dict[str, float]], *, shuffled: bool
+                       ) -> tuple[Path, Path]:
     """<run>/reward_curve.json and <run>/reward_curve.png; returns their paths."""
+    from harness.plots import line_figure, save_png
+
     curve = reward_curve(history, shuffled=shuffled)
     json_path, png_path = run_dir / "reward_curve.json", run_dir / "reward_curve.png"
     json_path.write_text(json.dumps(curve, indent=1))
-    series = {"reward mean" + (" (shuffled control)" if shuffled else ""): curve["reward_mean"]}
-    if "env_reward_mean" in curve:
-        series["verifier reward mean"] = curve["env_reward_mean"]
-    try:
-        if force_builtin:
-            raise ImportError("built-in plot asked for")
-        _matplotlib_plot(png_path, curve["steps"], series)
-    except ImportError:
-        write_png_plot(png_path, curve["steps"], list(series.values()))
+    save_png(line_figure(curve["steps"], reward_series(curve), xlabel="training step",
+                         ylabel="mean reward of the step's rollouts",
+                         title="Training reward per step"
+                         + (" (shuffled-reward control)" if shuffled else "")), png_path)
     return json_path, png_path
 
 
-def _matplotlib_plot(path: Path, steps: list[int], series: dict[str, list]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display here, ever
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-    for name, values in series.items():
-        ax.plot(steps, [math.nan if v is None else v for v in values], marker="o", label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+def reward_series(curve: dict) -> dict[str, list]:
+    """The lines reward_curve.png draws, by legend label (reward_curve()'s dict)."""
+    series = {"reward mean" + (" (shuffled)" if curve.get("shuffled_rewards") else ""):
+              curve["reward_mean"]}
+    if "env_reward_mean" in curve:
+        series["verifier reward mean (pass = 1)"] = curve["env_reward_mean"]
+    return series
 
 
-_COLOURS = ((31, 119, 180), (255, 127, 14), (44, 160, 44))
+def write_before_after_chart(run_dir: Path) -> Path | None:
+    """<run>/before_after.png from <run>/before_after.json (None when there is none)."""
+    from harness.plots import before_after_figure, save_png
 
-
-def write_png_plot(path: Path, xs: list[float], series: list[list[float | None]],
-                   width: int = 640, height: int = 360) -> None:
-    """A line plot as an RGB PNG with no dependency: axes, y gridlines at tenths of the range,
-    one coloured line with square markers per series; None values break a line."""
-    pixels = bytearray(b"\xff" * (width * height * 3))
-    left, right, top, bottom = 40, width - 20, 20, height - 30
-    values = [v for s in series for v in s if v is not None and math.isfinite(v)]
-    lo, hi = min([0.0, *values]), max([1.0, *values])
-    x_lo, x_hi = (min(xs), max(xs)) if xs else (0, 1)
-    x_span = (x_hi - x_lo) or 1
-
-    def put(x: int, y: int, colour: tuple[int, int, int]) -> None:
-        if 0 <= x < width and 0 <= y < height:
-            i = (y * width + x) * 3
-            pixels[i:i + 3] = bytes(colour)
-
-    def line(x0: int, y0: int, x1: int, y1: int, colour: tuple[int, int, int]) -> None:
-        n = max(abs(x1 - x0), abs(y1 - y0), 1)
-        for k in range(n + 1):
-            put(round(x0 + (x1 - x0) * k / n), round(y0 + (y1 - y0) * k / n), colour)
-
-    def to_px(x: float, y: float) -> tuple[int, int]:
-        return (round(left + (x - x_lo) / x_span * (right - left)),
-                round(bottom - (y - lo) / (hi - lo) * (bottom - top)))
-
-    for k in range(11):
-        y = round(bottom - k / 10 * (bottom - top))
-        line(left, y, right, y, (225, 225, 225))
-    line(left, top, left, bottom, (0, 0, 0))
-    line(left, bottom, right, bottom, (0, 0, 0))
-    for s, colour in zip(series, _COLOURS * (len(series) // len(_COLOURS) + 1), strict=False):
-        previous = None
-        for x, v in zip(xs, s, strict=True):
-            if v is None or not math.isfinite(v):
-                previous = None
-                continue
-            px, py = to_px(x, v)
-            for dx in range(-2, 3):
-                for dy in range(-2, 3):
-                    put(px + dx, py + dy, colour)
-            if previous is not None:
-                line(*previous, px, py, colour)
-            previous = (px, py)
-    raw = b"".join(b"\x00" + bytes(pixels[r * width * 3:(r + 1) * width * 3])
-                   for r in range(height))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
-
-    path.write_bytes(b"\x89PNG\r\n\x1a\n"
-                     + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    source = run_dir / "before_after.json"
+    if not source.exists():
+        return None
+    data = json.loads(source.read_text())
+    title = f"Held-out pass rate ({data.get('eval_tasks') or 'eval tasks'})"
+    if data.get("shuffled_rewards"):
+        title += ", shuffled-reward control"
+    return save_png(before_after_figure(data, title=title), run_dir / "before_after.png")

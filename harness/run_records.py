@@ -22,6 +22,7 @@ from typing import Any
 from rich.table import Table
 
 from harness.errors import CAUSES
+from harness.tables import add_columns
 
 __all__ = ["RecordingFactory", "result_record", "summary_tables"]
 
@@ -92,8 +93,7 @@ def summary_tables(records: list[dict[str, Any]], history: list[dict[str, float]
                    timings: dict[str, float]) -> list[Table]:
     """Rollouts by cause; reward, loss and tokens per step; time per phase."""
     causes = Table(title="Rollouts by cause")
-    causes.add_column("cause")
-    causes.add_column("rollouts", justify="right")
+    add_columns(causes, "cause", "rollouts", right={"rollouts"})
     counts: dict[str, int] = {}
     for record in records:
         counts[record["cause"]] = counts.get(record["cause"], 0) + 1
@@ -106,8 +106,8 @@ def summary_tables(records: list[dict[str, Any]], history: list[dict[str, float]
 
     if history:
         steps = Table(title="Training steps")
-        for column in ("step", "reward mean", "loss", "tokens trained", "groups skipped", "sync s"):
-            steps.add_column(column, justify="right")
+        headers = ("step", "reward mean", "loss", "tokens trained", "groups skipped", "sync s")
+        add_columns(steps, *headers, right=headers)
         for i, m in enumerate(history, start=1):
             steps.add_row(str(int(m.get("step", i))), _fmt(m.get("reward/mean")), _fmt(m.get("loss"), 4),
                           str(int(m.get("tokens/trained", 0))),
@@ -116,8 +116,7 @@ def summary_tables(records: list[dict[str, Any]], history: list[dict[str, float]
         tables.append(steps)
 
     phases = Table(title="Time per phase (s)")
-    phases.add_column("phase")
-    phases.add_column("seconds", justify="right")
+    add_columns(phases, "phase", "seconds", right={"seconds"})
     for name, seconds in timings.items():
         phases.add_row(name, f"{seconds:.1f}")
     per_rollout: dict[str, list[float]] = {}

@@ -7,6 +7,7 @@ a scripted engine choosing every reply (nothing depends on what the tiny model s
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import struct
@@ -22,7 +23,6 @@ from harness.learning import (
     before_after_table,
     eval_task_problems,
     evaluate_split,
-    write_png_plot,
     write_reward_curve,
 )
 from harness.run_config import RunSettings, build_parser, settings_from_args
@@ -125,51 +125,102 @@ def test_the_before_after_table_reports_rates_and_the_change_in_points():
     assert "2 unscored" in table.caption
 
 
-def _read_png(path: Path) -> tuple[int, int, bytes]:
+def _png_size(path: Path) -> tuple[int, int]:
+    """A PNG's (width, height), after checking its signature and every chunk's CRC."""
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
+    pos, kinds = 8, []
     while pos < len(data):
         (length,) = struct.unpack(">I", data[pos:pos + 4])
         kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
         (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
         assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
-        chunks[kind] = chunks.get(kind, b"") + body
+        kinds.append(kind)
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
         pos += 12 + length
-    width, height, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (depth, colour) == (8, 2)
-    return width, height, zlib.decompress(chunks[b"IDAT"])
+    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and b"IDAT" in kinds
+    return width, height
 
 
-def test_the_built_in_png_draws_each_point_where_its_value_is(tmp_path: Path):
-    path = tmp_path / "p.png"
-    write_png_plot(path, [1, 2, 3], [[0.0, 0.5, 1.0]], width=200, height=100)
-    width, height, raw = _read_png(path)
-    assert (width, height) == (200, 100) and len(raw) == height * (1 + width * 3)
-
-    def pixel(x: int, y: int) -> tuple[int, ...]:
-        i = y * (1 + width * 3) + 1 + x * 3
-        return tuple(raw[i:i + 3])
-
-    blue = (31, 119, 180)
-    # plot box: x 40..180, y 20..70; y range [0, 1]
-    assert pixel(40 + 1, 70 - 1) == blue      # (1, 0.0) bottom left (marker beside the axis)
-    assert pixel(110, 45) == blue             # (2, 0.5) centre
-    assert pixel(180, 20) == blue             # (3, 1.0) top right
-    assert pixel(110, 25) != blue             # nothing where no value is
+def _texts(fig) -> dict[str, Any]:
+    (ax,) = fig.axes
+    return {"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+            "legend": [t.get_text() for t in ax.get_legend().get_texts()],
+            "xticks": [t.get_text() for t in ax.get_xticklabels()],
+            "yticks": [t.get_text() for t in ax.get_yticklabels()]}
 
 
-def test_every_run_writes_its_reward_curve_as_json_and_png(tmp_path: Path):
+def test_every_run_writes_its_reward_curve_as_json_and_a_labelled_png(tmp_path: Path):
+    from harness.learning import reward_series
+    from harness.plots import line_figure
+
     history = [{"step": 1.0, "reward/mean": 0.1, "reward/scored": 4.0},
                {"step": 2.0, "reward/mean": 0.4, "reward/scored": 4.0,
-                "rollout/correctness_mean": 0.25}]
-    for force in (True, False):  # the built-in raster, and matplotlib where it is installed
-        json_path, png_path = write_reward_curve(tmp_path, history, shuffled=True,
-                                                 force_builtin=force)
-        curve = json.loads(json_path.read_text())
-        assert curve == {"steps": [1, 2], "reward_mean": [0.1, 0.4], "rollouts_scored": [4.0, 4.0],
-                         "shuffled_rewards": True, "env_reward_mean": [None, 0.25]}
-        assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 500
+                "rollout/correctness_mean": 0.25},
+               {"step": 3.0, "reward/mean": 0.3, "reward/scored": 4.0,
+                "rollout/correctness_mean": 0.5}]
+    json_path, png_path = write_reward_curve(tmp_path, history, shuffled=True)
+    curve = json.loads(json_path.read_text())
+    assert curve == {"steps": [1, 2, 3], "reward_mean": [0.1, 0.4, 0.3],
+                     "rollouts_scored": [4.0, 4.0, 4.0], "shuffled_rewards": True,
+                     "env_reward_mean": [None, 0.25, 0.5]}
+    assert _png_size(png_path) == (640, 360)
+    # The figure the PNG is drawn from, rebuilt from the JSON beside it: its lines are the data.
+    series = reward_series(curve)
+    fig = line_figure(curve["steps"], series, title="t", xlabel="training step", ylabel="r")
+    (ax,) = fig.axes
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+             for line in ax.get_lines()}
+    assert lines["reward mean (shuffled)"] == ([1, 2, 3], [0.1, 0.4, 0.3])
+    xs, ys = lines["verifier reward mean (pass = 1)"]
+    assert xs == [1, 2, 3] and math.isnan(ys[0]) and ys[1:] == [0.25, 0.5]  # None: a gap
+    texts = _texts(fig)
+    assert texts["legend"] == list(series) and texts["xlabel"] == "training step"
+    assert [float(t.replace("\u2212", "-")) for t in texts["xticks"] if t] == \
+        [float(x) for x in ax.get_xticks() if float(x).is_integer()]  # integer steps only
+
+
+def test_a_series_of_the_wrong_length_is_refused_by_name():
+    from harness.plots import line_figure
+
+    with pytest.raises(ValueError, match="series 'a' has 1 values for 2 x values"):
+        line_figure([1, 2], {"a": [0.5]}, title="t", xlabel="x", ylabel="y")
+
+
+def test_the_before_after_chart_shows_each_task_overall_and_the_change(tmp_path: Path):
+    from harness.learning import write_before_after_chart
+    from harness.plots import before_after_figure
+
+    long = "family-heldout/read-the-value-then-write-it-into-the-named-file-0007"
+    before = {"per_task": {long: {"passed": 1, "scored": 4, "unscored": 0},
+                           "short": {"passed": 0, "scored": 0, "unscored": 4}},
+              "passed": 1, "scored": 4, "unscored": 4}
+    after = {"per_task": {long: {"passed": 3, "scored": 4, "unscored": 0},
+                          "short": {"passed": 2, "scored": 4, "unscored": 0}},
+             "passed": 5, "scored": 8, "unscored": 0}
+    _, data = before_after_table(before, after)
+    assert write_before_after_chart(tmp_path) is None  # no before_after.json: no chart
+    (tmp_path / "before_after.json").write_text(json.dumps(data))
+    png = write_before_after_chart(tmp_path)
+    assert png == tmp_path / "before_after.png"
+    fig = before_after_figure(data)
+    width, height = (round(v * fig.dpi) for v in fig.get_size_inches())
+    assert _png_size(png) == (width, height) and width == 800
+    (ax,) = fig.axes
+    texts = _texts(fig)
+    assert texts["legend"] == ["before training", "after training"]
+    assert "pass rate" in texts["xlabel"] and texts["title"]
+    # Task names wrap onto lines, never cut: the label is the whole name once joined.
+    assert [t.replace("\n", "") for t in texts["yticks"]] == [long, "short", "overall"]
+    assert all(len(line) <= 32 for t in texts["yticks"] for line in t.split("\n"))
+    bars = [p.get_width() for p in ax.patches]
+    assert bars[0] == 25.0 and math.isnan(bars[1]) and bars[2] == 25.0  # short before: no bar
+    assert bars[3:] == [75.0, 50.0, 62.5]
+    notes = [t.get_text() for t in ax.texts if t.get_gid() == "change"]
+    assert notes == ["+50.0 points", "not scored", "+37.5 points"]
+    values = [t.get_text() for t in ax.texts if t.get_gid() != "change"]  # at each bar's end
+    assert values == ["25%", "", "25%", "75%", "50%", "62%"]
 
 
 # --- the held-out evaluation, end to end with a real agent ----------------------------------

@@ -175,6 +175,9 @@ def test_the_real_train_command_never_imports_openenv_harbor_or_capture(tmp_path
     assert before_after["after"]["scored"] + before_after["after"]["unscored"] == 1
     curve = json.loads((out / "reward_curve.json").read_text())
     assert curve["shuffled_rewards"] is True and len(curve["steps"]) == 1
+    for chart in ("reward_curve.png", "before_after.png"):  # drawn beside their JSON
+        assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", chart
+    assert "before/after chart" in run.stdout
     assert (out / "capture").is_dir()  # the service's proxy logs beside the run, as before
     # The weight version the engine confirmed reached the service's proxy: the "after" rollouts'
     # engine calls are stamped with the trainer's last version.

@@ -104,6 +104,20 @@ def test_the_first_step_loss_of_a_cpu_end_to_end_run_is_pinned(tmp_path):
     assert len(lines) == 2 and '"rewards/env_reward/mean": 0.5' in lines[0]
 
 
+def test_the_progress_line_names_each_number_once_and_says_what_it_is(tmp_path):
+    from trainer.metrics import HEADLINE, headline
+
+    trainer = _trainer(_seeded_tiny_model(), tmp_path, source=_source(), num_generations=4,
+                       max_steps=1, learning_rate=1e-3)
+    (metrics,) = trainer.train()  # a real step's metrics dict
+    assert set(HEADLINE) <= set(metrics), set(HEADLINE) - set(metrics)
+    line = headline(metrics)
+    keys = [part.split("=", 1)[0] for part in line.split()]
+    assert keys == ["loss", "reward_mean", "grad_norm", "ratio_mean", "staleness_mean"], line
+    assert len(set(keys)) == len(keys) and "mean=" not in line.replace("_mean=", "")
+    assert f"reward_mean={metrics['reward/mean']:.4g}" in line
+
+
 def test_a_malformed_capture_stops_training_with_capture_error(tmp_path):
     bad = {"turns": [{"node_id": "x", "prompt_token_ids": [1], "completion_token_ids": [2, 3],
                       "per_token_logps": [-1.0], "loss_mask": [0, 1, 1]}]}

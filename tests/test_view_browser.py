@@ -18,7 +18,11 @@ server and checks what a person would see:
   * one rollout: the command the agent ran and the output it got back, the task's instruction,
     trained completion tokens decoded by the run's tokenizer (mask 1) and masked prompt tokens
     (mask 0), the verifier's reward and the advantage the trainer recorded;
-  * before / after: the task's rollouts of both runs side by side.
+  * before / after: the task's rollouts of both runs side by side;
+  * the run's own held-out before/after: with the eval run's rollouts laid in the train run as its
+    eval-before/ and eval-after/ and a before_after.json made from them (as harness.learning
+    writes them; no more rollouts are run for it), the run page's table, the rollouts filtered
+    to one side, and one eval rollout opened turn by turn.
 
 Screenshots of every view are saved in the test's tmp dir (and under $HARNESS_VIEW_DOCS when set:
 that is how docs/view-*.png were made).
@@ -38,6 +42,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from harness.eval import pass_rate_table
+from harness.learning import before_after_table
 from harness.view.browser import Browser, chromium_path
 from harness.view.data import RunData
 from harness.view.server import ViewServer
@@ -211,6 +217,33 @@ def test_the_viewer_shows_a_real_run_in_chromium(runs: dict[str, Path], tmp_path
                                 ".innerText.includes('greeting.txt')",
                                 what="run B's first rollout conversation in its column")
             await shot("compare")
+
+            # The run's own held-out before/after, and its eval rollouts by side.
+            evaluated = _records(after)
+            for side in ("eval-before", "eval-after"):
+                shutil.copytree(after / "rollouts", train / side / "rollouts")
+                shutil.copy(after / "rollouts.jsonl", train / side / "rollouts.jsonl")
+            summary = pass_rate_table(evaluated)[1]
+            _, written = before_after_table(summary, summary)
+            (train / "before_after.json").write_text(json.dumps(written))
+            await page.goto(url + "#/run")
+            await page.wait_for("document.querySelector('#heldout-table') !== null",
+                                what="the held-out before/after table on the run page")
+            table = await page.eval("document.querySelector('#heldout-table').innerText")
+            n, task = len(evaluated), evaluated[0]["task_id"]
+            assert task in table and "overall" in table, table
+            assert f"{n}/{n} (100%)" in table and "0.0 points" in table, table  # the same rollouts
+            await shot("heldout")
+            await page.goto(url + "#/rollouts?side=eval-after")
+            sides = await page.eval("[...document.querySelectorAll('#rollouts tbody tr')]"
+                                    ".map(tr => tr.dataset.side)")
+            assert sides == ["eval-after"] * n, sides
+            await page.eval("document.querySelector('#rollouts tbody tr a').click()")
+            await page.wait_for("document.querySelector('#side') !== null && document"
+                                ".querySelector('#side').innerText === 'eval-after'",
+                                what="an eval-after rollout's page")
+            text = await page.eval("document.querySelector('main').innerText")
+            assert "printf 'Hello, Harness!\\n' > greeting.txt" in text  # its turns, read
 
     with ViewServer(RunData(train), RunData(after), port=0) as server:
         asyncio.run(look(server.url))

@@ -6,12 +6,14 @@ Each test attacks one property: the index never opens a rollout file (10,000 rol
 under 2 s, and it still works with the rollout files gone); a running run's appended lines show on
 the next request and a torn line costs that line alone; a rewritten history becomes a branch; the
 loss mask and the new prompt tokens line up with the ids; what the run did not record is None,
-never 0; NaN in a record still gives valid JSON; bad input gets a clear error.
+never 0; NaN in a record still gives valid JSON; bad input gets a clear error; a train run's own
+held-out before/after and its eval rollouts are served beside its training rollouts.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -21,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from bench.view.bench import generate
+from harness.eval import pass_rate_table
+from harness.learning import before_after_table
 from harness.view.data import JsonlTail, RunData
 from harness.view.server import ViewServer
 from harness.view.turns import turns_view
@@ -150,7 +154,7 @@ def test_every_asset_the_page_loads_is_served(tmp_path: Path) -> None:
         with urllib.request.urlopen(server.url, timeout=30) as r:
             html = r.read().decode()
         assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', html)
-        assert len(assets) == 4, assets
+        assert len(assets) == 5, assets
         for asset in assets:
             with urllib.request.urlopen(server.url.rstrip("/") + asset, timeout=30) as r:
                 assert r.status == 200 and len(r.read()) > 500
@@ -188,3 +192,66 @@ def test_the_trainer_records_each_rollouts_advantage_in_its_own_place(tmp_path: 
         for i in range(3)))
     assert [r["advantage"] for r in data.rollouts()] == [by["e0"]["advantage"], None,
                                                           by["e2"]["advantage"]]
+
+
+def _eval_side(run: Path, side: str, seed: int) -> list[dict]:
+    """<run>/<side> as harness.learning's evaluate_split writes it: the index, the rollout files
+    and eval_summary.json, nothing of the trainer's (the rollouts come from bench/view's
+    generator, one per task)."""
+    source = run.parent / f"{side}-source"
+    generate(source, 8, num_generations=1, seed=seed)
+    (run / side).mkdir()
+    shutil.copytree(source / "rollouts", run / side / "rollouts")
+    shutil.copy(source / "rollouts.jsonl", run / side / "rollouts.jsonl")
+    records = [json.loads(line) for line in (source / "rollouts.jsonl").read_text().splitlines()]
+    (run / side / "eval_summary.json").write_text(json.dumps(pass_rate_table(records)[1]))
+    return records
+
+
+def test_a_train_run_serves_its_own_before_after_and_eval_rollouts(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    generate(run, 16)
+    data = RunData(run)
+    assert data.run()["before_after"] is None and data.run()["sides"] == {"train": 16}
+    before = _eval_side(run, "eval-before", seed=1)
+    after = _eval_side(run, "eval-after", seed=2)
+    table, written = before_after_table(pass_rate_table(before)[1], pass_rate_table(after)[1])
+    written.update(eval_tasks="family:test", shuffled_rewards=False, seed=0)
+    (run / "before_after.json").write_text(json.dumps(written))
+    with ViewServer(RunData(run), port=0) as server:
+        status, body = _get(server.url + "api/run")
+        assert status == 200 and body["kind"] == "train"
+        assert body["before_after"] == written  # per task, overall and the change, as written
+        assert body["sides"] == {"train": 16, "eval-before": 8, "eval-after": 8}
+        assert body["n_rollouts"] == 16  # the run's plots count its training rollouts only
+
+        status, body = _get(server.url + "api/rollouts")
+        by_side: dict[str, list[dict]] = {}
+        for row in body["rollouts"]:
+            by_side.setdefault(row["side"], []).append(row)
+        assert {k: len(v) for k, v in by_side.items()} == {"train": 16, "eval-before": 8,
+                                                           "eval-after": 8}
+        for side, records in (("eval-before", before), ("eval-after", after)):
+            rows = by_side[side]
+            assert [(r["index"], r["task_id"], r["env_reward"]) for r in rows] == \
+                [(r["index"], r["task_id"], r["env_reward"]) for r in records]
+            assert all(r["step"] is None and r["advantage"] is None for r in rows)  # not trained
+
+        # Index 3 exists on every side: the side says which one is opened, turn by turn.
+        opened = {}
+        for side in ("", "train", "eval-before", "eval-after"):
+            status, one = _get(server.url + f"api/rollout/3?side={side}")
+            assert status == 200, one
+            opened[side] = one
+        assert opened[""]["episode_id"] == opened["train"]["episode_id"]
+        assert opened["train"]["side"] == "train" and opened["train"]["trained"] is not None
+        for side, records in (("eval-before", before), ("eval-after", after)):
+            one = opened[side]
+            assert (one["side"], one["episode_id"]) == (side, records[3]["episode_id"])
+            assert one["trained"] is None and one["group"] is None and one["turns"]
+            assert one["turns"][0]["tokens"] and one["turns"][0]["new_messages"]
+        status, body = _get(server.url + "api/rollout/3?side=eval-sideways")
+        assert status == 404 and "no side 'eval-sideways'" in body["error"]
+        assert "eval-before" in body["error"]
+        status, body = _get(server.url + "api/rollout/99?side=eval-after")
+        assert status == 404 and "no rollout 99" in body["error"]

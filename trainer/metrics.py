@@ -19,9 +19,18 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["ConsoleSink", "JsonlSink", "MetricsSink", "MetricsWriter"]
+__all__ = ["HEADLINE", "ConsoleSink", "JsonlSink", "MetricsSink", "MetricsWriter", "headline"]
 
-HEADLINE = ("loss", "reward/mean", "grad_norm", "policy/ratio_mean", "staleness/mean")
+# The progress line's numbers, each under a key that says what it is and appears once: the last
+# path part alone made "reward/mean" and "staleness/mean" both "mean=" (issue 32).
+HEADLINE = {"loss": "loss", "reward/mean": "reward_mean", "grad_norm": "grad_norm",
+            "policy/ratio_mean": "ratio_mean", "staleness/mean": "staleness_mean"}
+
+
+def headline(metrics: dict[str, float]) -> str:
+    """The progress line's description: `loss=0.12 reward_mean=0.5 ...` for the keys present."""
+    return " ".join(f"{label}={metrics[key]:.4g}" for key, label in HEADLINE.items()
+                    if key in metrics)
 
 
 class MetricsSink(Protocol):
@@ -65,8 +74,7 @@ class ConsoleSink:
         self._progress.start()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        parts = [f"{k.split('/')[-1]}={metrics[k]:.4g}" for k in HEADLINE if k in metrics]
-        self._progress.update(self._task, completed=step, description=" ".join(parts))
+        self._progress.update(self._task, completed=step, description=headline(metrics))
 
     def close(self) -> None:
         self._progress.stop()

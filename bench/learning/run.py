@@ -75,17 +75,19 @@ def reward_curves(out: Path, names: list[str]) -> dict:
 
 def write_reward_curves(out: Path, names: list[str]) -> Path:
     """OUT/reward_curves.json and OUT/reward_curves.png (seeds' mean, then controls' mean)."""
-    from harness.learning import write_png_plot
+    from harness.plots import line_figure, save_png
 
     curves = reward_curves(out, names)
     out.mkdir(parents=True, exist_ok=True)
     (out / "reward_curves.json").write_text(json.dumps(curves, indent=1))
     steps = max(len(curves["seeds_mean"]), len(curves["controls_mean"]))
     pad = lambda xs: xs + [None] * (steps - len(xs))  # noqa: E731
-    png = out / "reward_curves.png"
-    write_png_plot(png, list(range(1, steps + 1)),
-                   [pad(curves["seeds_mean"]), pad(curves["controls_mean"])])
-    return png
+    series = {"seeds' mean": pad(curves["seeds_mean"]),
+              "controls' mean": pad(curves["controls_mean"])}
+    return save_png(line_figure(list(range(1, steps + 1)), series, xlabel="training step",
+                                ylabel="mean reward of the step's rollouts",
+                                title="Training reward per step, mean over runs"),
+                    out / "reward_curves.png")
 
 
 def verdict(results: dict[str, dict | None]) -> dict:

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from harness.audit.attacks import ATTACKS
 from harness.audit.run import AuditResult, audit_tasks
+from harness.tables import add_columns
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,8 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def results_table(results: list[AuditResult], n_attacks: int) -> Table:
     table = Table(title=f"harness audit: {len(results)} task(s) x {n_attacks} attack(s)")
-    for column in ("task", "pays for a wrong answer", "unscorable", "grader notes"):
-        table.add_column(column, overflow="fold")
+    add_columns(table, "task", "pays for a wrong answer", "unscorable", "grader notes")
     for r in results:
         paid = ", ".join(f"{a} ({v:g})" for a, v in sorted(r.paid.items()))
         table.add_row(

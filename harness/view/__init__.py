@@ -8,14 +8,16 @@ tokens were trained and with what advantage, what did the verifier print, why wa
 skipped, is staleness climbing. The run directory holds every answer (harness/run_records.py,
 trainer metrics and group records); this package puts them on one page:
 
-    the run         settings; reward and pass rate per step; rollouts by cause and per minute;
-                    staleness; time per phase; tokens trained; groups skipped by reason
-    the rollouts    a table to filter and sort by task, step, cause and reward
+    the run         its own held-out before/after (before_after.json: per task, overall, the
+                    change); settings; reward and pass rate per step; rollouts by cause and per
+                    minute; staleness; time per phase; tokens trained; groups skipped by reason
+    the rollouts    a table to filter and sort by side (the training rollouts, or the held-out
+                    evaluation's eval-before / eval-after), task, step, cause and reward
     one rollout     the conversation turn by turn (messages, tool calls, tool results), each
                     engine turn's tokens coloured by loss mask and logprob, rewritten histories
                     as branches, aux calls marked, the verifier's rewards and output, the reward
                     functions' parts and the advantage
-    before / after  two runs' rollouts of the same task side by side
+    before / after  two runs' rollouts of the same task side by side (--compare)
 
 Stack: one static page of plain JavaScript (no front-end framework), uPlot for the plots
 (vendored from npm, MIT, 50 kB), served with the stdlib's HTTP server on 127.0.0.1, with the run's

@@ -9,6 +9,9 @@ A run directory (`--output-dir` of harness.train / harness.eval) holds
     trainer/metrics.jsonl    one line per trainer step (reward, staleness, tokens, time/...)
     trainer/groups.jsonl     one line per trained/skipped group: per rollout reward, parts,
                              advantage (trainer/groups.py append_group_records)
+    eval-before/, eval-after/  a train run's held-out evaluation (--eval-tasks): each its own
+                             rollouts.jsonl + rollouts/ (a *side* of the run: `RunData.side()`)
+    before_after.json        the held-out pass rates before and after, per task and overall
 
 The index never opens a rollout file: 10,000 rollouts are 10,000 short lines, parsed once and
 then only the appended tail is read on the next request (a running run keeps appending), so a
@@ -28,9 +31,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PASS_THRESHOLD", "JsonlTail", "RunData", "Tokenizer", "find_tokenizer"]
+__all__ = ["EVAL_SIDES", "PASS_THRESHOLD", "JsonlTail", "RunData", "Tokenizer", "find_tokenizer"]
 
 PASS_THRESHOLD = 1.0  # harness.eval's: a rollout passes when env_reward >= 1.0
+EVAL_SIDES = ("eval-before", "eval-after")  # harness.learning's folders, in the order they run
 CAUSE_ORDER = ("ok", "model_failure", "timeout", "tampered", "infra_failure",
                "verifier_failure")
 
@@ -156,8 +160,13 @@ def _finite(value: Any) -> float | None:
 class RunData:
     """One run directory, read lazily and re-read as it grows (a live run)."""
 
-    def __init__(self, run_dir: Path, tokenizer: Path | None = None):
+    def __init__(self, run_dir: Path, tokenizer: Path | None = None, *,
+                 parent: RunData | None = None):
+        """`parent`: the run an eval side (eval-before/, eval-after/) belongs to; its settings
+        and tokenizer are the side's (the side's folder has neither)."""
         self.dir = Path(run_dir)
+        self.parent = parent
+        self._sides: dict[str, RunData] = {}
         if not self.dir.is_dir():
             raise FileNotFoundError(f"run directory {self.dir} does not exist: pass the "
                                     "--output-dir of a harness.train or harness.eval run")
@@ -176,9 +185,48 @@ class RunData:
         return any((self.dir / n).exists() for n in names)
 
     def settings(self) -> dict[str, Any]:
+        if self.parent is not None:
+            return self.parent.settings()
         return _read_json(self.dir / "settings.json") or {}
 
+    def kind(self) -> str:
+        """"train" when a trainer wrote here, else "eval" (harness.eval, or an eval side)."""
+        if self.parent is None and ((self.dir / "trainer").exists()
+                                    or (self.dir / "summary.json").exists()):
+            return "train"
+        return "eval"
+
+    # -- sides: the run's own rollouts, and its held-out evaluation before/after training -------
+    def side_names(self) -> list[str]:
+        """This run's own rollouts ("train", or "eval" for an eval run), then each eval side
+        whose folder exists."""
+        return [self.kind(), *(s for s in EVAL_SIDES if (self.dir / s).is_dir())]
+
+    def side(self, name: str | None) -> RunData:
+        """This run (None, "", "train" or "eval") or one of its eval sides, read like a run."""
+        if not name or name == self.kind():
+            return self
+        if name not in EVAL_SIDES or not (self.dir / name).is_dir():
+            raise KeyError(f"no side {name!r} in {self.dir}: its sides are "
+                           f"{self.side_names()} (eval-before/ and eval-after/ are written by "
+                           "harness.train --eval-tasks)")
+        with self._lock:
+            if name not in self._sides:
+                self._sides[name] = RunData(self.dir / name, parent=self)
+            return self._sides[name]
+
+    def all_rollouts(self) -> list[dict[str, Any]]:
+        """The index rows of every side, each with its `side` (indices repeat across sides)."""
+        return [{**row, "side": name} for name in self.side_names()
+                for row in self.side(name).rollouts()]
+
+    def before_after(self) -> dict[str, Any] | None:
+        """before_after.json (harness.learning), or None when the run has none."""
+        return _read_json(self.dir / "before_after.json")
+
     def tokenizer(self) -> tuple[Tokenizer | None, str]:
+        if self.parent is not None:
+            return self.parent.tokenizer()
         with self._lock:
             if self._tokenizer is None:
                 path, why = find_tokenizer(self.dir, self.settings(), self._explicit_tokenizer)
@@ -225,7 +273,7 @@ class RunData:
         by_episode, by_group = self._by_episode()
         summary = _read_json(self.dir / "summary.json")
         eval_summary = _read_json(self.dir / "eval_summary.json")
-        kind = "train" if (metrics or summary or (self.dir / "trainer").exists()) else "eval"
+        kind = "train" if metrics or self.kind() == "train" else "eval"
         causes: dict[str, int] = {c: 0 for c in CAUSE_ORDER}
         for r in records:
             causes[str(r.get("cause"))] = causes.get(str(r.get("cause")), 0) + 1
@@ -266,6 +314,8 @@ class RunData:
             "rollout_phases": {k: sum(v) / len(v) for k, v in phases.items()},
             "groups_skipped": skipped,
             "groups_recorded": len(by_group),
+            "before_after": self.before_after(),
+            "sides": {name: len(self.side(name)._rollouts.read()) for name in self.side_names()},
         }
 
     # -- one rollout -----------------------------------------------------------------------------

@@ -7,9 +7,13 @@ of a running run is live: reload, or let the page poll. It binds 127.0.0.1 unles
 
     GET /                          the page (static/index.html: plain JS, uPlot for the plots)
     GET /static/<file>             app.js, style.css, uPlot (vendored from npm, MIT)
-    GET /api/run?run=a|b           settings, plots' series, counts
-    GET /api/rollouts?run=a|b      the index: one light row per rollout
-    GET /api/rollout/<n>?run=a|b   one rollout: record, group, turns with decoded tokens
+    GET /api/run?run=a|b           settings, plots' series, counts, the run's own before/after
+                                   (before_after.json) and its sides' rollout counts
+    GET /api/rollouts?run=a|b      the index: one light row per rollout of every side (train or
+                                   eval, eval-before, eval-after), each row with its `side`
+    GET /api/rollout/<n>?run=a|b&side=S
+                                   one rollout of side S (default: the run's own): record,
+                                   group, turns with decoded tokens
     GET /api/compare               both runs' pass rate per task (404 without --compare)
 """
 
@@ -94,13 +98,15 @@ class ViewServer:
         if path == "/api/run":
             return 200, {**run.run(), "compare": "b" in self.runs}
         if path == "/api/rollouts":
-            return 200, {"rollouts": run.rollouts()}
+            return 200, {"rollouts": run.all_rollouts()}
         if path.startswith("/api/rollout/"):
             tail = path.rsplit("/", 1)[1]
             if not tail.isdigit():
                 return 400, {"error": f"rollout index must be a number, got {tail!r}"}
             try:
-                return 200, run.rollout(int(tail))
+                side = run.side((query.get("side") or [""])[0])
+                return 200, {**side.rollout(int(tail)), "side": side.dir.name
+                             if side is not run else run.kind()}
             except (KeyError, FileNotFoundError) as exc:
                 return 404, {"error": str(exc).strip("'\"")}
         if path == "/api/compare":

@@ -1,7 +1,8 @@
 // harness run viewer: plain JavaScript, no framework. Four views routed by the URL hash:
-//   #/run                       the run: settings, plots, counts
-//   #/rollouts?task=&cause=…    the rollouts table (filter, sort)
-//   #/rollout/N?run=a|b         one rollout: graph, conversation, tokens, rewards, advantage
+//   #/run                       the run: settings, plots, counts, its held-out before/after
+//                               (heldout.js)
+//   #/rollouts?side=&task=&…    the rollouts table (filter by side, task, step, cause; sort)
+//   #/rollout/N?run=a|b&side=S  one rollout: graph, conversation, tokens, rewards, advantage
 //   #/compare?task=T            before / after: two runs' rollouts of one task side by side
 // Data comes from the server's /api/* (harness/view/server.py), re-read on every request.
 "use strict";
@@ -98,6 +99,7 @@ async function showRun() {
     <h2>Run <span class="muted">(${esc(run.kind)}, ${run.n_rollouts} rollouts${step.length ? `, ${step.length} steps` : ""})</span></h2>
     ${bad.length ? `<p class="error">${bad.join("; ")}</p>` : ""}
     <div class="grid">
+      ${heldoutCard(run)}
       <div class="card plot" id="plot-reward"></div>
       <div class="card plot" id="plot-pass"></div>
       <div class="card"><h3>Rollouts by cause</h3><table class="bars" id="causes">${causes}</table></div>
@@ -131,6 +133,7 @@ async function showRun() {
       .filter(k => m[k]).map(k => [k, m[k]])));
   plot(document.getElementById("plot-tokens"), "Tokens trained per step", step, {"tokens/trained": m["tokens/trained"] || []});
   plot(document.getElementById("plot-skipped"), "skipped per step", step, pick("groups/skipped/"), {bars: true});
+  drawHeldout(run);
   done("ready");
   scheduleLive(run, showRun);
 }
@@ -145,11 +148,12 @@ function scheduleLive(run, again) {
 // ---- the rollouts table ----------------------------------------------------------------------
 const COLUMNS = [["index", "#"], ["task_id", "task"], ["step", "step"], ["cause", "cause"],
   ["env_reward", "env reward"], ["reward", "reward"], ["advantage", "advantage"],
-  ["seconds", "seconds"], ["attempts", "attempts"], ["error", "error"]];
+  ["seconds", "seconds"], ["attempts", "attempts"], ["error", "error"], ["side", "side"]];
 let tableShown = 500;
 
 async function showRollouts(query) {
   const {rollouts} = await api("/api/rollouts");
+  const sides = [...new Set(rollouts.map(r => r.side))];  // the run's own first, then eval-*
   const tasks = [...new Set(rollouts.map(r => r.task_id))].sort();
   const causes = [...new Set(rollouts.map(r => r.cause))].sort();
   const steps = [...new Set(rollouts.map(r => r.step).filter(s => s !== null))].sort((a, b) => a - b);
@@ -157,35 +161,40 @@ async function showRollouts(query) {
   view.innerHTML = `
     <h2>Rollouts <span class="muted" id="count"></span></h2>
     <div class="filters">
+      side <select id="f-side">${opt(sides, query.get("side") || "")}</select>
       task <select id="f-task">${opt(tasks, query.get("task") || "")}</select>
       step <select id="f-step">${opt(steps, query.get("step") || "")}</select>
       cause <select id="f-cause">${opt(causes, query.get("cause") || "")}</select>
       reward ≥ <input id="f-min" size="5" value="${esc(query.get("min") || "")}">
       <span class="muted">click a column to sort</span>
     </div>
-    <table id="rollouts"><thead><tr>${COLUMNS.map(([k, l]) => `<th class="sortable ${["task_id", "cause", "error"].includes(k) ? "" : "num"}" data-key="${k}">${l}</th>`).join("")}</tr></thead><tbody></tbody></table>
+    <table id="rollouts"><thead><tr>${COLUMNS.map(([k, l]) => `<th class="sortable ${["task_id", "cause", "error", "side"].includes(k) ? "" : "num"}" data-key="${k}">${l}</th>`).join("")}</tr></thead><tbody></tbody></table>
     <p id="more"></p>`;
   const state = {sort: query.get("sort") || "index", desc: query.get("desc") === "1"};
   const render = () => {
-    const f = {task: val("f-task"), step: val("f-step"), cause: val("f-cause"), min: val("f-min")};
+    const f = {side: val("f-side"), task: val("f-task"), step: val("f-step"), cause: val("f-cause"), min: val("f-min")};
     const min = f.min === "" ? null : Number(f.min);
-    let rows = rollouts.filter(r => (!f.task || r.task_id === f.task) && (!f.cause || r.cause === f.cause)
+    let rows = rollouts.filter(r => (!f.side || r.side === f.side) && (!f.task || r.task_id === f.task) && (!f.cause || r.cause === f.cause)
       && (!f.step || String(r.step) === f.step) && (min === null || (r.env_reward ?? -Infinity) >= min));
     const k = state.sort;
     rows = rows.slice().sort((a, b) => {
       const x = a[k], y = b[k];
-      if (x === y) return a.index - b.index;
+      if (x === y) return sides.indexOf(a.side) - sides.indexOf(b.side) || a.index - b.index;
       if (x === null || x === undefined) return 1;  // unrecorded values last, either order
       if (y === null || y === undefined) return -1;
       return (x < y ? -1 : 1) * (state.desc ? -1 : 1);
     });
     setHashQuery("/rollouts", {...f, sort: state.sort === "index" ? "" : state.sort, desc: state.desc ? "1" : ""});
     document.getElementById("count").textContent = `(${rows.length} of ${rollouts.length})`;
-    document.querySelector("#rollouts tbody").innerHTML = rows.slice(0, tableShown).map(r => `<tr data-index="${r.index}">
-      <td class="num"><a href="#/rollout/${r.index}">${r.index}</a></td><td><a href="#/rollout/${r.index}">${esc(r.task_id)}</a></td>
+    document.querySelector("#rollouts tbody").innerHTML = rows.slice(0, tableShown).map(r => {
+      const href = `#/rollout/${r.index}?side=${encodeURIComponent(r.side)}`;  // indices repeat across sides
+      return `<tr data-index="${r.index}" data-side="${esc(r.side)}">
+      <td class="num"><a href="${href}">${r.index}</a></td><td><a href="${href}">${esc(r.task_id)}</a></td>
       <td class="num">${fmt(r.step)}</td><td class="cause-${esc(r.cause)}">${esc(r.cause)}</td>
       <td class="num">${fmt(r.env_reward)}</td><td class="num">${fmt(r.reward)}</td><td class="num">${fmt(r.advantage)}</td>
-      <td class="num">${fmt(r.seconds, 1)}</td><td class="num">${fmt(r.attempts)}</td><td>${esc(r.error || "")}</td></tr>`).join("");
+      <td class="num">${fmt(r.seconds, 1)}</td><td class="num">${fmt(r.attempts)}</td><td>${esc(r.error || "")}</td>
+      <td class="side-${esc(r.side)}">${esc(r.side)}</td></tr>`;
+    }).join("");
     document.getElementById("more").innerHTML = rows.length > tableShown
       ? `showing ${tableShown} of ${rows.length} <button id="show-more">show ${Math.min(rows.length - tableShown, 2000)} more</button>` : "";
     const more = document.getElementById("show-more");
@@ -195,7 +204,7 @@ async function showRollouts(query) {
     });
   };
   const val = id => document.getElementById(id).value;
-  ["f-task", "f-step", "f-cause", "f-min"].forEach(id => document.getElementById(id).addEventListener("input", () => { tableShown = 500; render(); }));
+  ["f-side", "f-task", "f-step", "f-cause", "f-min"].forEach(id => document.getElementById(id).addEventListener("input", () => { tableShown = 500; render(); }));
   document.querySelectorAll("#rollouts th").forEach(th => th.addEventListener("click", () => {
     state.desc = state.sort === th.dataset.key ? !state.desc : ["env_reward", "reward", "advantage", "seconds"].includes(th.dataset.key);
     state.sort = th.dataset.key;
@@ -255,7 +264,8 @@ function graphSvg(turns) {
 
 async function showRollout(index, query) {
   const which = query.get("run") || "a";
-  const r = await api(`/api/rollout/${index}?run=${which}`);
+  const side = query.get("side") || "";
+  const r = await api(`/api/rollout/${index}?run=${which}${side ? "&side=" + encodeURIComponent(side) : ""}`);
   const t = r.trained;
   const outcome = r.outcome || {};
   const branches = new Set(r.turns.map(x => x.branch)).size;
@@ -264,7 +274,7 @@ async function showRollout(index, query) {
     ${r.group.skipped ? `<p>group skipped: <b>${esc(r.group.skipped)}</b></p>` : ""}` : '<span class="none">not trained (an eval run, or the run stopped before this group\'s step)</span>';
   const verifierOut = r.verifier_output ?? r.verifier_stdout ?? null;
   view.innerHTML = `
-    <h2>Rollout ${r.index} <span class="muted">${esc(r.task_id)} · ${esc(r.episode_id || "")}${which === "b" ? " · run B" : ""}</span></h2>
+    <h2>Rollout ${r.index} <span class="muted">${esc(r.task_id)} · ${esc(r.episode_id || "")}${which === "b" ? " · run B" : ""} · <span id="side">${esc(r.side)}</span></span></h2>
     <div class="grid">
       <div class="card"><h3>Outcome</h3><table class="kv">
         <tr><td>cause</td><td class="cause-${esc(r.cause)}" id="cause">${esc(r.cause)}</td></tr>
