@@ -1,0 +1,136 @@
+# Run: .venv/bin/python -m pytest tests/test_bench_learning.py -x -q
+"""bench/learning's arithmetic, on run folders written here (the bench's runs take hours): the
+per-instruction changes, the two-way cluster bootstrap interval, the swap and blind summaries
+read from recorded calls, every check of issue 32's bar failing when its condition fails, and
+the table naming what it measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.learning import run
+from bench.learning.stats import (
+    clustered_interval,
+    per_instruction_change,
+    swap_summary,
+    verdict,
+)
+
+INSTRUCTIONS = [f"{s}-{t}-t{k}" for s, t in (("key", "answer"), ("value", "out")) for k in range(3)]
+
+
+def _before_after(changes: dict[str, tuple[int, int]], n: int = 8) -> dict:
+    return {"per_task": {i: {"before": {"passed": b, "scored": n}, "after": {"passed": a,
+                                                                          "scored": n}}
+                         for i, (b, a) in changes.items()},
+            "before_pass_rate": 0.1, "after_pass_rate": 0.4, "change_points": 30.0, "seed": 0}
+
+
+def test_changes_are_per_instruction_and_unscored_sides_are_left_out():
+    data = _before_after({"a": (1, 5), "b": (4, 2)})
+    data["per_task"]["c"] = {"before": {"passed": 0, "scored": 0}, "after": {"passed": 1,
+                                                                          "scored": 8}}
+    assert per_instruction_change(data) == {"a": 50.0, "b": -25.0}
+
+
+def test_the_interval_holds_the_mean_widens_with_spread_and_needs_two_seeds():
+    tight = [{i: 30.0 + d for i in INSTRUCTIONS} for d in (-1, 0, 1, 0)]
+    loose = [{i: 30.0 + d for i in INSTRUCTIONS} for d in (-20, 0, 20, 0)]
+    lo, hi = clustered_interval(tight)
+    assert lo <= 30.0 <= hi and hi - lo < 3
+    lo2, hi2 = clustered_interval(loose)
+    assert hi2 - lo2 > 10 * (hi - lo)
+    assert clustered_interval(tight) == clustered_interval(tight)  # seeded
+    assert clustered_interval(tight[:1]) is None
+    # Instruction spread widens it too, even with identical seeds.
+    uneven = [{i: (60.0 if n % 2 else 0.0) for n, i in enumerate(INSTRUCTIONS)}] * 4
+    lo3, hi3 = clustered_interval(uneven)
+    assert lo3 < 30.0 < hi3 and hi3 - lo3 > 20
+
+
+def _record(task: str, reward: float | None, *commands: str) -> dict:
+    turns = [{"response": {"choices": [{"message": {"tool_calls": [{"function": {
+        "arguments": json.dumps({"command": c})}}]}}]}} for c in commands]
+    return {"task_id": f"harness-lookup/{task}", "env_reward": reward, "trace": {"turns": turns}}
+
+
+def test_the_swap_summary_reads_the_written_word_against_the_file_and_the_original():
+    # lookup-...-table-swap: the file shows queue (the next word); the instance's own is table.
+    records = [
+        _record("lookup-key-answer-t0-table-swap", 1.0, "cat key.txt", "echo queue > answer.txt"),
+        _record("lookup-key-answer-t0-table-swap", 0.0, "cat key.txt", "echo table > answer.txt"),
+        _record("lookup-key-answer-t0-table-swap", 0.0, "cat key.txt", "echo queue > out.txt"),
+        _record("lookup-key-answer-t0-table-swap", 1.0, "cat key.txt",
+                "echo lock > /app/answer.txt", "echo queue > answer.txt"),  # the last one counts
+    ]
+    assert swap_summary(records) == {"answered": 3, "rollouts": 4, "follows": round(2 / 3, 4),
+                                     "original": round(1 / 3, 4)}
+    assert swap_summary([])["follows"] is None
+
+
+def _seeds(rise: float, spread: float = 2.0) -> list[dict[str, float]]:
+    return [{i: rise + d for i in INSTRUCTIONS} for d in (-spread, 0, spread, 0)]
+
+
+GOOD = dict(controls={"shuffle": 1.0, "lr0": -2.0, "flip": -12.0},
+            swap={"follows": 0.9, "answered": 50}, blind_pass=0.1)
+
+
+def test_the_bar_is_met_only_when_every_check_holds():
+    assert verdict(_seeds(30.0), **GOOD)["meets_bar"]
+    failing = {
+        "seeds >= 4": dict(seeds=_seeds(30.0)[:3]),
+        "mean rise >= 20": dict(seeds=_seeds(15.0)),
+        "interval lower end >= 10": dict(seeds=_seeds(22.0, spread=40.0)),
+        "shuffle within +-5": dict(controls={**GOOD["controls"], "shuffle": -10.4}),
+        "lr0 within +-5": dict(controls={**GOOD["controls"], "lr0": 6.0}),
+        "flip falls": dict(controls={**GOOD["controls"], "flip": 0.0}),
+        "swap follows >= 70%": dict(swap={"follows": 0.5}),
+        "blind at chance (<= 1/8 + 5 points)": dict(blind_pass=0.4),
+    }
+    for check, change in failing.items():
+        args = {"seeds": _seeds(30.0), **GOOD, **change}
+        v = verdict(args.pop("seeds"), **args)
+        assert not v["meets_bar"], check
+        assert [k for k, ok in v["checks"].items() if not ok] == [check]
+
+
+def test_report_reads_a_bench_folder_and_the_table_says_what_failed(tmp_path: Path):
+    out = tmp_path / "learning"
+    for s, rise in zip(range(4), (3, 4, 2, 3), strict=True):
+        (out / f"seed-{s}").mkdir(parents=True)
+        (out / f"seed-{s}" / "before_after.json").write_text(json.dumps(_before_after(
+            {i: (1, 1 + rise) for i in INSTRUCTIONS})))
+    for control, after in (("shuffle", 1), ("lr0", 1), ("flip", 0)):
+        (out / f"{control}-0").mkdir()
+        (out / f"{control}-0" / "before_after.json").write_text(json.dumps(_before_after(
+            {i: (1, after) for i in INSTRUCTIONS})))
+    for s in range(4):
+        rollouts = out / f"blind-{s}" / "rollouts"
+        rollouts.mkdir(parents=True)
+        (rollouts / "0.json").write_text(json.dumps(_record(
+            "lookup-key-answer-t0-table-blind", 0.0, "cat key.txt", "echo x > answer.txt")))
+    result = run.report(out, [0, 1, 2, 3], ["shuffle", "lr0", "flip"], 0)
+    v = result["verdict"]
+    assert v["mean_rise"] == pytest.approx(37.5)
+    assert result["controls"] == {"shuffle": 0.0, "lr0": 0.0, "flip": -12.5}
+    assert result["blind_pass_rate"] == 0.0 and result["swap"] is None
+    assert [k for k, ok in v["checks"].items() if not ok] == ["swap follows >= 70%"]
+    text = "\n".join(run.table_lines(result))
+    assert "seeds' mean rise +37.5 points over 4" in text and "swap follows >= 70%: NO" in text
+    assert "does not meet issue 32's bar" in text
+    assert json.loads((out / "summary.json").read_text())["controls"]["flip"] == -12.5
+
+
+def test_the_commands_are_the_main_command_with_each_control_and_the_diagnostics(tmp_path):
+    assert run.train_command("seed-2", 2, tmp_path, [])[-4:] == ["--seed", "2", "--output-dir",
+                                                                 str(tmp_path / "seed-2")]
+    assert run.train_command("lr0-0", 0, tmp_path, [])[-2:] == ["--learning-rate", "0"]
+    assert run.train_command("flip-0", 0, tmp_path, ["--steps", "1"])[-3:] == [
+        "--flip-rewards", "--steps", "1"]
+    diag = run.diagnostic_command(1, "swap", tmp_path / "v", tmp_path)
+    assert str(tmp_path / "seed-1" / "trainer" / "model") in diag
+    assert str(tmp_path / "v" / "test") in diag
