@@ -14,7 +14,8 @@ proxy, with both turns:
    in words and file names from outside the family (`synthetic_vocabulary`): first turns (the
    instruction's source -> `cat SOURCE`) and second turns (the tool result's word and the
    instruction's target -> `echo WORD > TARGET`). Hundreds of words make copying the word out of
-   the tool result the only fit; the family's own eight words occur in the captured rows. The
+   the tool result the only fit; no row pairs two of the family's names (`_Turns.swaps`), so
+   reading each name from the instruction is the only way to the right file. The
    curriculum of warm_model.py: the instruction under a one-line system prompt, then the
    prompt cut after the instruction, then the whole prompt.
 3. probe: T=1 samples on the *dev* prompts (a dev prompt is a captured train prompt with the
@@ -57,7 +58,7 @@ __all__ = ["LOOKUP_MODEL", "build_lookup_model", "committed_lookup_model", "synt
 
 LOOKUP_MODEL = REPO_ROOT / "models" / "tiny-qwen3-lookup"
 REBUILD = "python -m launchers.warm_lookup_model --commit"
-BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 600, 200, 200, 2e-3, 0, 600
+BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 800, 200, 200, 2e-3, 0, 900
 _COMMAND = re.compile(r'"command": "(.*?)"\}\}\n</tool_call>')
 
 
@@ -216,18 +217,23 @@ class _Turns:
 
     def swaps(self, count: int, words: list[str], names: list[str], rng: random.Random
               ) -> list[dict]:
-        """`count` swaps: half with the family's own names (new words), half all synthetic."""
-        from harness.tasks.lookup import TEMPLATES
+        """`count` swaps, then every captured turn as it was. A swap keeps at most one of the
+        family's file names (its source with a synthetic target, or the reverse) and never a
+        family (source, target) pair: the rows teach reading each name from the instruction,
+        not which source goes with which target, and no dev or test pair is ever shown. A
+        quarter of the words are the family's own, the rest synthetic."""
+        from harness.tasks.lookup import SOURCES, TARGETS, TEMPLATES, VALUES
 
         out = []
         for i in range(count):
-            base = rng.randrange(len(self.captured))
-            m = self.captured[base]["meta"]
-            own = i % 2 == 0
-            source = m["source"] if own else rng.choice(names)
-            target = m["target"] if own else rng.choice([n for n in names if n != source])
-            out.append({"base": base, "source": source, "target": target,
-                        "value": rng.choice(words), "template": rng.randrange(len(TEMPLATES))})
+            kind = i % 3
+            source = rng.choice(SOURCES) if kind == 0 else rng.choice(names)
+            target = rng.choice(TARGETS) if kind == 1 else rng.choice(
+                [n for n in names if n != source])
+            value = rng.choice(VALUES) if rng.random() < 0.25 else rng.choice(words)
+            out.append({"base": rng.randrange(len(self.captured)), "source": source,
+                        "target": target, "value": value,
+                        "template": rng.randrange(len(TEMPLATES))})
         out.extend({"base": b, "source": c["meta"]["source"], "target": c["meta"]["target"],
                     "value": c["meta"]["value"], "template": c["meta"]["template"]}
                    for b, c in enumerate(self.captured))

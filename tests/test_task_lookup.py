@@ -28,6 +28,7 @@ from harness.tasks.lookup import (
     instances,
     lookup_tasks,
     main,
+    source_text,
 )
 from harness.tasks.lookup_rates import by_instruction, instance_of, step_rates
 
@@ -70,7 +71,7 @@ def test_every_instruction_has_eight_instances_that_differ_only_in_the_observed_
             # The instruction never gives the word: it must be read from the sandbox.
             assert task.metadata["value"] not in task.instruction
             env = task.path / "environment"
-            assert (env / task.metadata["source"]).read_text() == task.metadata["value"] + "\n"
+            assert (env / task.metadata["source"]).read_text() == f"word: {task.metadata['value']}\n"
         for text, group in by_text.items():
             assert sorted(t.metadata["value"] for t in group) == sorted(VALUES), text
             # Same files but the source's content, the verifier's expected word and the name.
@@ -89,6 +90,7 @@ def test_the_swap_and_blind_variants_change_only_what_the_file_shows():
     assert set(swapped) == set(VALUES)  # a rotation: every word still shown equally often
     for inst in instances("blind"):
         assert inst.observed == "" and inst.expected == inst.value
+    assert source_text("") == "word:\n" and source_text("tree") == "word: tree\n"
 
 
 def test_bad_splits_variants_and_unsafe_overwrites_are_refused(tmp_path: Path, capsys):

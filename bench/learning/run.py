@@ -13,7 +13,7 @@ pushes, the weights never move, so its change is evaluation noise) must stay wit
 `flip` (each reward r trained as 1 - r) must fall. Two diagnostics run `harness.eval` on each
 seed's trained model (OUT/seed-S/trainer/model): the test split's `swap` variant (the file holds
 another word than in training's instance: the written word must follow the file in >= 70% of
-answers) and its `blind` variant (the file is empty: the pass rate must fall to chance, 1/8).
+answers) and its `blind` variant (the file holds no word: the pass rate must fall to chance, 1/8).
 
 The table: per run, the test pass rate before and after and the change; the seeds' mean rise
 with a 95% interval from a two-way cluster bootstrap over seeds and test instructions
@@ -154,7 +154,7 @@ def table_lines(result: dict) -> list[str]:
                      f"word; it was the file's in {pct(swap['follows'])}, the training "
                      f"instance's in {pct(swap['original'])}")
     if blind is not None:
-        lines.append(f"blind test: pass rate {pct(blind)} with the file empty (chance 13%)")
+        lines.append(f"blind test: pass rate {pct(blind)} with no word in the file (chance 13%)")
     lines.append("bar: " + "; ".join(f"{k}: {'yes' if ok else 'NO'}"
                                      for k, ok in v["checks"].items()))
     lines.append(f"{'MEETS' if v['meets_bar'] else 'does not meet'} issue 32's bar")

@@ -3,13 +3,13 @@
 Why it exists (issue 32): the create-file family is solved by one command copied from the
 instruction, so a run on it never shows an agent acting on what it observed, and exercises no
 multi-turn row. Here the instruction names a source file and a target file but not the word:
-the agent must look (`cat key.txt`), see the word in the tool output, and write it
-(`echo table > answer.txt`). Two agent steps, the second depending on the first's observation.
+the agent must look (`cat key.txt`, which prints `word: table`), see the word in the tool
+output, and write it (`echo table > answer.txt`). Two agent steps, the second depending on the first's observation.
 
 Contrastive by construction: every instruction text has one instance per word in `VALUES` (8),
 identical but for the word in the source file, so a policy that ignores the observation scores
 at most 1/8 on any instruction. (A one-command `cp key.txt answer.txt` also passes: it reads the
-sandbox too. The per-step rates of harness.tasks.lookup_rates tell the two apart.)
+sandbox too, as does the reference `awk '{print $2}' key.txt > answer.txt`. The per-step rates of harness.tasks.lookup_rates tell the two apart.)
 
 Three splits by (source, target) pair, every template and every word on each side:
 - **test**: 4 pairs, a permutation (each source and each target once); read only by the main
@@ -22,7 +22,7 @@ token each), so copying the word from the tool output to the command is one toke
 
 Diagnostics (`variant=`): "swap" writes each instance with the word rotated to the next value in
 `VALUES` (the answer must follow the file, not the instance seen in training); "blind" leaves
-the source file empty (a policy that uses the observation falls to chance, 1/8).
+the word out of the source file (`word:`; a policy that uses the observation falls to chance, 1/8).
 
     python -m harness.tasks.lookup --out DIR [--variant swap|blind]   # DIR/{train,dev,test}/...
 
@@ -44,7 +44,8 @@ from harness.tasks.errors import TaskSourceError
 from harness.tasks.loader import HarborTask, load_folder
 
 __all__ = ["LOOKUP_DIR", "SOURCES", "SPLITS", "TARGETS", "TEMPLATES", "VALUES", "VARIANTS",
-           "LookupInstance", "generate", "instances", "lookup_tasks", "write_lookup"]
+           "LookupInstance", "generate", "instances", "lookup_tasks", "source_text",
+           "write_lookup"]
 
 LOOKUP_DIR = Path(__file__).resolve().parent / "families" / "lookup"
 SPLITS = ("train", "dev", "test")
@@ -107,7 +108,7 @@ fi
 
 _SOLVE_SH = """\
 #!/bin/bash
-cd /app && echo "$(cat {source})" > {target}
+cd /app && awk '{{print $2}}' {source} > {target}
 """
 
 _DOCKERFILE = "FROM ubuntu:24.04\nWORKDIR /app\nCOPY {source} /app/{source}\n"
@@ -152,6 +153,15 @@ class LookupInstance:
         return TEMPLATES[self.template].format(source=self.source, target=self.target)
 
 
+def source_text(word: str) -> str:
+    """What the source file holds: `word: table`. The space matters to a small model: the
+    tool result then carries the word as the same token the command needs (` table`), so
+    writing it is a copy of one token, where a bare `table` (after a quote in the agent's JSON
+    tool result) is another token that a 2-layer model must learn to map word by word (the
+    first warm start copied 0% that way). "blind" leaves the word out: `word:`."""
+    return f"word: {word}\n" if word else "word:\n"
+
+
 def instances(variant: str = "plain") -> list[LookupInstance]:
     """Every instance of the family, all splits, in a deterministic order."""
     if variant not in VARIANTS:
@@ -174,8 +184,7 @@ def _write_instance(inst: LookupInstance, task_dir: Path) -> None:
         expected=inst.expected, split=inst.split, variant=inst.variant, template=inst.template,
         instruction_id=inst.instruction_id))
     (task_dir / "environment" / "Dockerfile").write_text(_DOCKERFILE.format(source=inst.source))
-    (task_dir / "environment" / inst.source).write_text(
-        inst.observed + "\n" if inst.observed else "")
+    (task_dir / "environment" / inst.source).write_text(source_text(inst.observed))
     for path, text in ((task_dir / "tests" / "test.sh", _TEST_SH),
                        (task_dir / "solution" / "solve.sh", _SOLVE_SH)):
         path.write_text(text.format(source=inst.source, target=inst.target,
@@ -229,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder to write train/, dev/, test/ into")
     parser.add_argument("--variant", choices=VARIANTS, default="plain",
-                        help="swap: the file holds the next word; blind: the file is empty")
+                        help="swap: the file holds the next word; blind: the file holds no word")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a folder this generator wrote before")
     args = parser.parse_args(argv)

@@ -6,8 +6,8 @@ scored rollouts of lookup tasks:
 
 - `looked`: the first call's command names the source file (`cat key.txt`);
 - `used_observation`: a later call's command holds the word the source file showed (the agent
-  wrote what it saw; a guess hits it 1 time in 8). None on the "blind" variant, whose file is
-  empty;
+  wrote what it saw; a guess hits it 1 time in 8). None on the "blind" variant, whose file
+  holds no word;
 - `passed`: the verifier's grade.
 
 It reads what the engine returned (each turn's recorded response, the agent's own dialect: chat

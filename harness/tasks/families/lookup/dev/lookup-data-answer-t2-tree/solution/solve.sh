@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat data.txt)" > answer.txt
+cd /app && awk '{print $2}' data.txt > answer.txt

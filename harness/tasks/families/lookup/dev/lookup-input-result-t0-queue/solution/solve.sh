@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat input.txt)" > result.txt
+cd /app && awk '{print $2}' input.txt > result.txt

@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat value.txt)" > notes.txt
+cd /app && awk '{print $2}' value.txt > notes.txt

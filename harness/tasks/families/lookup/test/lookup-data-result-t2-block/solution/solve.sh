@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat data.txt)" > result.txt
+cd /app && awk '{print $2}' data.txt > result.txt

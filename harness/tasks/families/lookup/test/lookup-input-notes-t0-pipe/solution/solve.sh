@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat input.txt)" > notes.txt
+cd /app && awk '{print $2}' input.txt > notes.txt

@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat value.txt)" > out.txt
+cd /app && awk '{print $2}' value.txt > out.txt

@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat data.txt)" > out.txt
+cd /app && awk '{print $2}' data.txt > out.txt

@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat input.txt)" > answer.txt
+cd /app && awk '{print $2}' input.txt > answer.txt

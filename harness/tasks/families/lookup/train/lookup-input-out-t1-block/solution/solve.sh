@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat input.txt)" > out.txt
+cd /app && awk '{print $2}' input.txt > out.txt

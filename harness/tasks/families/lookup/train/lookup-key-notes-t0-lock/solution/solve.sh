@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat key.txt)" > notes.txt
+cd /app && awk '{print $2}' key.txt > notes.txt

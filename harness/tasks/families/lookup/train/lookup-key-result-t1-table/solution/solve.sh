@@ -1,2 +1,2 @@
 #!/bin/bash
-cd /app && echo "$(cat key.txt)" > result.txt
+cd /app && awk '{print $2}' key.txt > result.txt
