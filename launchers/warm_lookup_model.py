@@ -288,12 +288,12 @@ def probe(model: Any, turns: _Turns, split: str, samples: int) -> dict:
 def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEPS,
                        short_steps: int = SHORT_STEPS, full_steps: int = FULL_STEPS,
                        synthetic_count: int = SYNTHETIC, lr: float = LR, samples: int = 4,
-                       base: Path | None = None, log: Any = print) -> dict:
+                       base: Path | None = None, threads: int = 2, log: Any = print) -> dict:
     """Capture, SFT and probe into `out` (an HF model dir); returns the build record."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     torch.manual_seed(seed)
     base = base or build_tiny_model()
     with tempfile.TemporaryDirectory(prefix="lookup-capture-") as scratch:
@@ -334,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synthetic", type=int, default=SYNTHETIC,
                         help="swapped rows with words and names from outside the family")
     parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--base", type=Path, default=None,
+                        help="start from this HF model dir (default: the tiny model, "
+                             "launchers/tiny_model.py)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads (1 is faster on a machine other jobs share)")
     args = parser.parse_args(argv)
     if not args.commit and args.out is None:
         parser.error("give --commit or --out DIR")
@@ -341,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path(scratch) / "model"
         record = build_lookup_model(out, seed=args.seed, bare_steps=args.bare_steps,
                                     short_steps=args.short_steps, full_steps=args.full_steps,
-                                    synthetic_count=args.synthetic, lr=args.lr)
+                                    synthetic_count=args.synthetic, lr=args.lr,
+                                    base=args.base, threads=args.threads)
         print(finish_build(out, record, LOOKUP_MODEL if args.commit else None, rebuild=REBUILD))
     return 0
 

@@ -1,0 +1,143 @@
+# .venv/bin/python -m pytest tests/test_lookup_model.py -q
+"""The lookup family's starting model: committed, hashed, built from train pairs only, and it
+reads the tool result.
+
+What must hold without rebuilding it (minutes): it is what the main command resolves to for
+mini-swe-agent on lookup:*, every file matches its BUILD.json sha256, the build record says it
+saw the train instructions only, and, measured from the weights with nothing sampled, after a
+`cat` whose result shows a word, it ranks that word first among the family's 8 far more often
+than chance, while the model it was built from does not (so the check can fail).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.tasks.lookup import VALUES, lookup_tasks, source_text
+from launchers.models import resolve_model
+from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
+from launchers.warm_lookup_model import (
+    LOOKUP_MODEL,
+    REBUILD,
+    committed_lookup_model,
+    synthetic_vocabulary,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _build() -> dict:
+    return json.loads((LOOKUP_MODEL / "BUILD.json").read_text())
+
+
+def test_the_main_commands_model_is_the_committed_lookup_warm_start_with_every_file_hashed():
+    for harness in (None, "mini-swe-agent"):
+        resolved = resolve_model(None, harness=harness, tasks="lookup:train")
+        assert resolved.path == LOOKUP_MODEL and resolved.source == "tiny"
+    # The other agents have no lookup warm start: they keep their own create-file one.
+    assert resolve_model(None, harness="opencode", tasks="lookup:train").path != LOOKUP_MODEL
+    build = _build()
+    on_disk = {p.name for p in LOOKUP_MODEL.iterdir() if p.is_file() and p.name != "BUILD.json"}
+    assert on_disk == set(build["files"]) and {"model.safetensors", "tokenizer.json"} <= on_disk
+    assert build["built_by"] == REBUILD
+    assert (LOOKUP_MODEL / "tokenizer.json").read_bytes() == (
+        COMMITTED_MODEL / "tokenizer.json").read_bytes()
+
+
+def test_it_saw_train_instructions_only_and_its_probe_left_rl_room_on_dev():
+    build = _build()
+    train_instructions = {t.metadata["instruction_id"] for t in lookup_tasks("train")}
+    assert build["captured_rollouts"] == len(train_instructions)
+    dev = build["probe"]["after"]["dev"]
+    assert build["probe"]["before"]["dev"]["second"] == 0.0
+    assert dev["value"] >= 0.5, dev  # it copies the word it was shown
+    assert 0.05 <= dev["first"] * dev["second"] <= 0.7, dev  # neither hopeless nor solved
+
+
+def _prompt(tok, instruction: str, source: str, word: str) -> list[int]:
+    """mini-swe-agent's second prompt, rendered by the model's own chat template: its recorded
+    first prompt (the dialect fixture) with `instruction`, the `cat` call, and the tool result
+    as mini-swe-agent sends it (JSON with returncode and output)."""
+    body = json.loads((FIXTURES / "dialects" / "mini" / "00_chat.json").read_text())["body"]
+    recorded = "Say hi by running echo hi in the shell."
+    messages = [dict(m) for m in body["messages"]]
+    messages[1]["content"] = messages[1]["content"].replace(recorded, instruction)
+    messages.append({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0", "type": "function",
+         "function": {"name": "bash", "arguments": {"command": f"cat {source}"}}}]})
+    messages.append({"role": "tool", "tool_call_id": "call_0", "content": json.dumps(
+        {"returncode": 0, "output": source_text(word)}, indent=2)})
+    text = tok.apply_chat_template(messages, tools=body["tools"], add_generation_prompt=True,
+                                   tokenize=False)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def _copy_ranks(model_dir: Path) -> list[int]:
+    """Per (dev instruction, shown word): the rank (0 = first) of the shown word among the
+    family's 8, by the model's log-probability of the whole call `echo W > TARGET`. Teacher-
+    forced: the same number on every run."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.scripted_engine import tool_call
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    seen: dict[str, dict] = {}
+    for task in lookup_tasks("dev"):
+        seen.setdefault(task.metadata["instruction_id"], {**task.metadata,
+                                                          "text": task.instruction.strip()})
+    ranks = []
+    for meta in sorted(seen.values(), key=lambda m: m["instruction_id"])[::3]:
+        calls = [tok.encode(tool_call("bash", command=f"echo {w} > {meta['target']}"),
+                            add_special_tokens=False) for w in VALUES]
+        for shown in VALUES[::2]:
+            p = _prompt(tok, meta["text"], meta["source"], shown)
+            width = len(p) + max(map(len, calls))
+            ids = torch.zeros(len(calls), width, dtype=torch.long)
+            for i, c in enumerate(calls):  # right-padded: a causal model never sees the padding
+                ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits.float(), -1)
+            scores = [logp[i, len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(c)[:, None])
+                      .sum().item() for i, c in enumerate(calls)]
+            order = sorted(range(len(VALUES)), key=lambda i: -scores[i])
+            ranks.append(order.index(VALUES.index(shown)))
+    return ranks
+
+
+def test_after_a_cat_it_names_the_word_the_tool_result_showed_and_its_base_does_not():
+    build = _build()
+    base = COMMITTED_MODEL if build["base"] == COMMITTED_MODEL.name else (
+        LOOKUP_MODEL.parent / build["base"])
+    warm, before = _copy_ranks(LOOKUP_MODEL), _copy_ranks(base)
+    assert sum(r == 0 for r in warm) >= 0.75 * len(warm), warm
+    assert sum(r == 0 for r in before) <= 0.4 * len(before), before  # chance: 1 in 8
+
+
+def test_the_synthetic_vocabulary_holds_no_family_word_or_name():
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(LOOKUP_MODEL).get_vocab()
+    words, names = synthetic_vocabulary(vocab, 0)
+    assert (words, names) == synthetic_vocabulary(vocab, 0)  # seeded: the build is reproducible
+    from harness.tasks.lookup import SOURCES, TARGETS
+
+    assert not set(words) & set(VALUES) and not set(names) & set(SOURCES + TARGETS)
+    assert len(words) > 60 and len(names) > 60
+    with pytest.raises(RuntimeError, match="need 120"):
+        synthetic_vocabulary({"Ġhello": 1, "hello": 2}, 0)
+
+
+def test_a_changed_file_of_the_lookup_model_is_refused_by_name(tmp_path: Path):
+    copy = tmp_path / "warm"
+    shutil.copytree(LOOKUP_MODEL, copy)
+    assert committed_lookup_model(copy) == copy
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    with pytest.raises(TinyModelError, match="model.safetensors"):
+        committed_lookup_model(copy)
