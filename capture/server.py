@@ -30,8 +30,8 @@ from pathlib import Path
 from types import TracebackType
 
 from .app import create_app
-from .guard import Limits
 from .serving import ThreadedUvicorn
+from .state import Limits
 
 __all__ = ["CaptureServer"]
 
