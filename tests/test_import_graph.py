@@ -35,8 +35,8 @@ PACKAGES = ("capture", "harness", "trainer", "launchers")
 # The rollout service's side: what only its process (`python -m harness.serve`, or eval's
 # in-process stack) may import.
 SERVICE = ("harbor", "openenv", "capture", "harness.sandboxes", "harness.session",
-           "harness.session_loop", "harness.factory", "harness.serve", "harness.agents",
-           "harness.audit", "harness.proxy_link")
+           "harness.session_loop", "harness.factory", "harness.serve", "harness.rollout_service",
+           "harness.service_routes", "harness.agents", "harness.audit", "harness.proxy_link")
 
 # The trainer's process: these, and their module-level closure.
 TRAINER_ROOTS = ("trainer", "harness.train", "harness.remote")
@@ -49,8 +49,8 @@ KNOWN_CROSSINGS = {
     ("harness.outcome", "openenv.core.harness.training"),
     ("harness.tasks.loader", "harbor.models.task.task"),
     # the one shared stack starts the service side: in the trainer's process only the "service"
-    # layout runs, whose path spawns `python -m harness.serve` (a child process)
-    ("harness.stack", "harness.serve"),
+    # layout runs, whose path spawns `python -m harness.serve` (harness.service_spawn, a child
+    # process); eval's "proxy" layout runs the proxy in its own process
     ("harness.stack", "capture.server"),
     ("harness.stack", "harness.sandboxes.expose"),
     # checks and helpers for the service's settings, run by eval's process (or the service's)
