@@ -14,8 +14,9 @@ here once. Two layouts of the rollout side:
   the tasks, sandboxes, agents, the capture proxy (its per-call log under <run>/capture) and,
   for remote sandboxes, the proxy's exposure (the --proxy-* settings travel to it). It starts
   while the engine loads, so it adds no wall time. With --rollout-service the services are
-  someone else's and nothing is started for them. This module then imports neither harbor, openenv nor capture's server: the trainer's process
-  (vLLM's NCCL engine on GPUs) must stay free of them.
+  someone else's and nothing is started for them. This module then imports neither harbor,
+  openenv nor capture's server: the trainer's process (vLLM's NCCL engine on GPUs) must stay
+  free of them.
 - "proxy" (harness.eval): the capture proxy in this process, and its exposure; the caller runs
   HarborSessionFactory in-process.
 

@@ -210,3 +210,15 @@ def test_trainer_imports_no_harness_or_capture_module_at_all() -> None:
     offenders = {(m, t) for m in project_modules() if m.startswith("trainer")
                  for t, _ in imports_of(m) if t.split(".")[0] in ("harness", "capture")}
     assert offenders == set()
+
+
+# launchers/ starts processes and knows nothing of rollouts; these warm-start builders still run
+# rollouts through harness (issue 33: they belong where what they use lives). No other may.
+LAUNCHERS_INTO_HARNESS = {"launchers.warm_model", "launchers.warm_agent_model",
+                          "launchers.warm_lookup_model"}
+
+
+def test_no_other_launcher_imports_harness() -> None:
+    importers = {m for m in project_modules() if m.startswith("launchers")
+                 for t, _ in imports_of(m) if t.split(".")[0] == "harness"}
+    assert importers - LAUNCHERS_INTO_HARNESS == set()
