@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 
 from .calllog import FSYNC_POLICIES
-from .guard import Limits
 from .server import CaptureServer
+from .state import Limits
 
 
 def _default_key_file(data_dir: Path | None) -> Path:

@@ -59,7 +59,7 @@ from .sessions import Session
 from .upstream import JSON_ERRORS, EngineStream, dumps, loads
 
 if TYPE_CHECKING:
-    from .app import CaptureState
+    from .state import CaptureState
 
 __all__ = ["agent_call_asgi", "agent_endpoint", "count_tokens", "json_object", "models", "probe"]
 

@@ -37,7 +37,6 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,36 +50,16 @@ from .agent_routes import agent_call_asgi, agent_endpoint, count_tokens, json_ob
 from .calllog import sync_fds
 from .errors import BadRequest, CaptureError, NothingTrainableError
 from .export import iter_trace_json, plan_export
-from .guard import Gate, Limits, error_response, read_body
+from .guard import Gate, error_response, read_body
 from .sessions import SessionStore
+from .state import CaptureState, Limits
 from .upstream import EngineClient
 
-__all__ = ["CaptureApp", "CaptureState", "create_app"]
+__all__ = ["CaptureApp", "create_app"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = Limits.max_body_bytes
-
-
-@dataclass
-class CaptureState:
-    """Everything the routes share. One per proxy; lives on `app.state.capture`."""
-
-    engine: EngineClient
-    store: SessionStore
-    admin_key: str
-    limits: Limits = field(default_factory=Limits)
-    weight_version: int = 0
-    dialect_crashes: int = 0
-    public_url: str | None = None
-    # The local port admin routes are served on, when not every listener serves them (guard).
-    admin_port: int | None = None
-    agent_url: str | None = None  # the public listener's URL, when admin has its own
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def max_body_bytes(self) -> int:
-        return self.limits.max_body_bytes
 
 
 async def _json_body(request: Request, limit: int = 1 << 20) -> dict[str, Any]:

@@ -65,18 +65,18 @@ import asyncio
 import hmac
 import http
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
 
 from .dialects import DIALECTS
 from .errors import BadRequest, BadSessionKey, CaptureError, NothingTrainableError
+from .state import Limits  # the bounds the guard enforces; importable from here too
 
 if TYPE_CHECKING:
-    from .app import CaptureState
     from .dialects.base import Dialect, DialectError
     from .sessions import Session
+    from .state import CaptureState
 
 __all__ = ["Gate", "GuardedHTTP", "Limits", "SessionLoad", "admit", "check_admin",
            "error_response", "guard_app", "guarded_protocol", "header", "presented_key",
@@ -90,28 +90,6 @@ MODEL_CALLS = ("v1/chat/completions", "v1/responses", "v1/messages")
 _SHAPES = {"v1/chat/completions": "chat", "v1/responses": "responses", "v1/messages": "messages",
            "v1/messages/count_tokens": "messages", "v1/models": "chat", "": "messages"}
 SESSION = "capture.session"  # the scope key `Gate` leaves the admitted session under
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The proxy's bounds on what a peer can hold (module docstring)."""
-
-    max_connections: int = 2048
-    header_timeout_s: float = 30.0
-    body_timeout_s: float = 120.0
-    max_header_bytes: int = 64 * 1024
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_session_bytes: int = 512 * 1024 * 1024
-    max_session_requests: int = 64
-    max_session_body_bytes: int = 64 * 1024 * 1024
-
-    def __post_init__(self) -> None:
-        for name in ("max_connections", "header_timeout_s", "body_timeout_s", "max_header_bytes",
-                     "max_body_bytes", "max_session_bytes", "max_session_requests",
-                     "max_session_body_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
 
 
 # --- what a head says -------------------------------------------------------------------------

@@ -23,15 +23,16 @@ listener even on loopback). Every listener runs capture.guard's checks (`limits`
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import secrets
 from pathlib import Path
 from types import TracebackType
 
+from launchers.net import is_loopback
+
 from .app import create_app
-from .guard import Limits
 from .serving import ThreadedUvicorn
+from .state import Limits
 
 __all__ = ["CaptureServer"]
 
@@ -67,7 +68,7 @@ class CaptureServer:
         self.host = host
         self.port = port
         self.admin_port = admin_port
-        self.separate_admin = (not _is_loopback(host) if admin_on_public is None
+        self.separate_admin = (not is_loopback(host) if admin_on_public is None
                                else not admin_on_public)
         self.app = create_app(
             engine_url,
@@ -129,12 +130,3 @@ class CaptureServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name: assume it reaches beyond this host

@@ -21,7 +21,8 @@ from typing import Any
 
 import uvicorn
 
-from .guard import Limits, read_body, server_options
+from .guard import read_body, server_options
+from .state import Limits
 
 __all__ = ["ThreadedUvicorn", "fast_loop", "read_body"]
 

@@ -19,7 +19,6 @@ import logging
 import sys
 
 from rich.console import Console
-from rich.table import Table
 
 from harness.preflight import preflight
 from harness.run_config import (
@@ -32,38 +31,9 @@ from harness.run_config import (
 from harness.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
 from harness.run_records import RecordingFactory
 from harness.stack import RunStack
-from harness.tables import add_columns
+from harness.tables import pass_rate_table
 
 __all__ = ["main", "pass_rate_table", "run_eval"]
-
-PASS_THRESHOLD = 1.0
-
-
-def pass_rate_table(records: list[dict]) -> tuple[Table, dict]:
-    """Per-task and overall pass rates from rollout records (see harness.run_records)."""
-    per_task: dict[str, dict[str, int]] = {}
-    for r in records:
-        row = per_task.setdefault(r["task_id"], {"passed": 0, "scored": 0, "unscored": 0})
-        if r["env_reward"] is None:
-            row["unscored"] += 1
-        else:
-            row["scored"] += 1
-            row["passed"] += int(r["env_reward"] >= PASS_THRESHOLD)
-    table = Table(title="Pass rate")
-    add_columns(table, "task", "passed", "scored", "unscored", "pass rate",
-                right={"passed", "scored", "unscored", "pass rate"})
-    totals = {"passed": 0, "scored": 0, "unscored": 0}
-    for task, row in sorted(per_task.items()):
-        rate = row["passed"] / row["scored"] if row["scored"] else None
-        table.add_row(task, str(row["passed"]), str(row["scored"]), str(row["unscored"]),
-                      "-" if rate is None else f"{rate:.0%}")
-        for k in totals:
-            totals[k] += row[k]
-    overall = totals["passed"] / totals["scored"] if totals["scored"] else None
-    table.add_row("overall", str(totals["passed"]), str(totals["scored"]), str(totals["unscored"]),
-                  "-" if overall is None else f"{overall:.0%}", style="bold")
-    return table, {"per_task": per_task, "overall_pass_rate": overall, **totals}
-
 
 async def _rollouts(factory: RecordingFactory, n_tasks: int, per_task: int) -> None:
     # seed k picks task k % n_tasks: one seed per (task, repeat).

@@ -35,9 +35,8 @@ from typing import Any
 
 from rich.table import Table
 
-from harness.eval import PASS_THRESHOLD, pass_rate_table
 from harness.run_config import RunSettings
-from harness.tables import add_columns
+from harness.tables import PASS_THRESHOLD, add_columns, pass_rate_table
 from harness.tasks.lookup_rates import by_instruction, step_rates_of_folder
 
 __all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "eval_task_problems",

@@ -59,7 +59,7 @@ from harness.outcome import select_reward
 from harness.session_loop import LoopThread, cancel_and_wait, uncancellable
 
 if TYPE_CHECKING:
-    from harness.factory import ProxyLink
+    from harness.proxy_link import ProxyLink
 
 __all__ = ["HarborSession", "SandboxBackend", "SandboxRequest", "SessionConfig"]
 

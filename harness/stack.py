@@ -9,13 +9,14 @@ here once. Two layouts of the rollout side:
         stack.engine_url, stack.proxy.admin_url, stack.proxy.admin_key  # harness.eval
 
 - "service" (harness.train): rollout services (`python -m harness.serve`). Without
-  --rollout-service, one is started here as a child process (harness.serve.spawn_service) from
-  the project venv, pointed at the engine: it owns the tasks, sandboxes, agents, the capture
-  proxy (its per-call log under <run>/capture) and, for remote sandboxes, the proxy's exposure
-  (the --proxy-* settings travel to it). It starts while the engine loads, so it adds no wall
-  time. With --rollout-service the services are someone else's and nothing is started for them.
-  This module then imports neither harbor, openenv nor capture's server: the trainer's process
-  (vLLM's NCCL engine on GPUs) must stay free of them.
+  --rollout-service, one is started here as a child process
+  (harness.service_spawn.spawn_service) from the project venv, pointed at the engine: it owns
+  the tasks, sandboxes, agents, the capture proxy (its per-call log under <run>/capture) and,
+  for remote sandboxes, the proxy's exposure (the --proxy-* settings travel to it). It starts
+  while the engine loads, so it adds no wall time. With --rollout-service the services are
+  someone else's and nothing is started for them. This module then imports neither harbor,
+  openenv nor capture's server: the trainer's process (vLLM's NCCL engine on GPUs) must stay
+  free of them.
 - "proxy" (harness.eval): the capture proxy in this process, and its exposure; the caller runs
   HarborSessionFactory in-process.
 
@@ -94,7 +95,7 @@ class RunStack:
         self.engine_url = settings.engine_url.rstrip("/") if settings.engine_url else None
         self.proxy: Any = None  # capture.server.CaptureServer ("proxy" layout)
         self.exposure = None
-        self.service: Any = None  # harness.serve.LocalService, when started here
+        self.service: Any = None  # harness.service_spawn.LocalService, when started here
         self.service_urls: list[str] = []
         self.service_key: str | None = None
         self.timings: dict[str, float] = {}
@@ -165,7 +166,7 @@ class RunStack:
         """Start the local rollout service in a thread (None with --rollout-service)."""
         if self.settings.rollout_service_urls():
             return None
-        from harness.serve import spawn_service
+        from harness.service_spawn import spawn_service
 
         s = self.settings
         extra = ["--sandbox", s.sandbox, "--proxy-host", s.proxy_host,

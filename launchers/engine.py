@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ipaddress
 import json
 import os
 import signal
@@ -49,6 +48,7 @@ from pathlib import Path
 
 import httpx
 
+from launchers.net import free_port, is_loopback
 from launchers.paths import REPO_ROOT, engine_python
 from launchers.reaper import start_reaper
 
@@ -60,7 +60,6 @@ __all__ = [
     "EnginePortInUseError",
     "EngineStartError",
     "ModelUnsupportedError",
-    "free_port",
     "gpu_available",
 ]
 
@@ -84,13 +83,6 @@ class EngineStartError(EngineError):
 
 class ModelUnsupportedError(EngineError):
     """The model cannot run on this engine (checked before vLLM spends ~25 s starting)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def gpu_available() -> bool:
@@ -174,7 +166,7 @@ class Engine:
     ) -> None:
         """`api_key`: the key the engine wants on its /v1 routes (default: $HARNESS_ENGINE_API_KEY;
         none: no key). `host` must be loopback: the dev-mode routes take no key (module doc)."""
-        if not _is_loopback(host):
+        if not is_loopback(host):
             raise EngineError(_public_host_refusal(host))
         self.api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         self.model_path = Path(model_path)
@@ -338,15 +330,6 @@ class Engine:
         self.stop()
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name: it may reach beyond this host
-
-
 def _public_host_refusal(host: str) -> str:
     return (f"the engine cannot bind {host!r}: it runs with VLLM_SERVER_DEV_MODE=1 (weight "
             "sync's /pause, /update_weights, /collective_rpc ...), and vLLM 0.32 does not guard "
@@ -375,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=32768)
     parser.add_argument("--log", help="log file (default: a temp file)")
     args, extra = parser.parse_known_args(argv)
-    if not _is_loopback(args.host):  # before any model is fetched
+    if not is_loopback(args.host):  # before any model is fetched
         parser.exit(2, f"error: {_public_host_refusal(args.host)}\n")
     try:
         model = resolve_model(args.model)  # a hub id is downloaded once, here, then served locally

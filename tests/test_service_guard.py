@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from capture.fake_engine import FakeEngine
-from harness.serve import spawn_service, write_ready
+from harness.serve import write_ready
+from harness.service_spawn import spawn_service
 
 KEY = "service-guard-test-key"
 

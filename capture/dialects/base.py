@@ -46,6 +46,7 @@ __all__ = [
     "Dialect",
     "DialectError",
     "StreamEncoder",
+    "StreamTokens",
     "arguments_json",
     "as_dict",
     "as_int",
@@ -310,6 +311,33 @@ def first_delta(chunk: dict) -> tuple[dict, dict] | None:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
     return choices[0], as_dict(choices[0].get("delta"))
+
+
+class StreamTokens:
+    """A stream's token counts for its final usage, as the stream encoders report them: the
+    engine's usage chunk once one came (it then wins), else one per sampled token id (and the
+    prompt ids' length, which each encoder takes from the chunk that carries them)."""
+
+    __slots__ = ("cached", "completion", "prompt", "usage_seen")
+
+    def __init__(self) -> None:
+        self.prompt = 0
+        self.completion = 0
+        self.cached = 0
+        self.usage_seen = False
+
+    def take(self, chunk: dict) -> tuple[dict, dict] | None:
+        """Count what `chunk` says; its (choice, delta) as `first_delta` gives them."""
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage_seen = True
+            self.prompt, self.completion, self.cached = usage_counts(usage)
+        picked = first_delta(chunk)
+        if picked is not None:
+            token_ids = picked[0].get("token_ids")
+            if isinstance(token_ids, list) and not self.usage_seen:
+                self.completion += len(token_ids)
+        return picked
 
 
 def tool_calls_of(message: dict) -> list[dict]:

@@ -23,7 +23,7 @@ engine's real prompt length.
 
 from __future__ import annotations
 
-from .base import StreamEncoder, first_delta, reasoning_text, sse_event, usage_counts
+from .base import StreamEncoder, StreamTokens, reasoning_text, sse_event
 from .messages_items import message_id, signature, stop_fields
 
 __all__ = ["MessagesStreamEncoder"]
@@ -44,19 +44,16 @@ class MessagesStreamEncoder(StreamEncoder):
         self._calls: dict[int, int] = {}  # engine tool index -> block index
         self._finish: str | None = None
         self._stop_reason_value: object = None
-        self._prompt_tokens = 0
-        self._completion_tokens = 0
-        self._cached = 0
-        self._usage_seen = False
+        self._tokens = StreamTokens()
 
     def set_prompt_tokens(self, n: int) -> None:
-        self._prompt_tokens = n
+        self._tokens.prompt = n
 
     def _start(self, chunk: dict) -> bytes:
         self._started = True
         prompt_ids = chunk.get("prompt_token_ids")
         if isinstance(prompt_ids, list):
-            self._prompt_tokens = len(prompt_ids)
+            self._tokens.prompt = len(prompt_ids)
         message = {
             "id": message_id(chunk.get("id")),
             "type": "message",
@@ -65,7 +62,7 @@ class MessagesStreamEncoder(StreamEncoder):
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": self._prompt_tokens, "cache_creation_input_tokens": 0,
+            "usage": {"input_tokens": self._tokens.prompt, "cache_creation_input_tokens": 0,
                       "cache_read_input_tokens": 0, "output_tokens": 1},
         }
         return (sse_event("message_start", {"type": "message_start", "message": message})
@@ -121,17 +118,10 @@ class MessagesStreamEncoder(StreamEncoder):
             error = chunk["error"] if isinstance(chunk["error"], dict) else {}
             return self.fail(str(error.get("message") or chunk["error"]))
         out = b"" if self._started else self._start(chunk)
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self._usage_seen = True
-            self._prompt_tokens, self._completion_tokens, self._cached = usage_counts(usage)
-        picked = first_delta(chunk)
+        picked = self._tokens.take(chunk)
         if picked is None:
             return out
         choice, delta = picked
-        token_ids = choice.get("token_ids")
-        if isinstance(token_ids, list) and not self._usage_seen:
-            self._completion_tokens += len(token_ids)
         reasoning = reasoning_text(delta)
         if reasoning:
             if self._kind != "thinking":
@@ -161,11 +151,11 @@ class MessagesStreamEncoder(StreamEncoder):
         out += self._close()
         self._ended = True
         stop_reason, stop_sequence = stop_fields(self._finish, self._stop_reason_value,
-                                                 self._request, self._completion_tokens,
+                                                 self._request, self._tokens.completion,
                                                  bool(self._calls))
-        usage = {"input_tokens": self._prompt_tokens, "cache_creation_input_tokens": 0,
-                 "cache_read_input_tokens": self._cached,
-                 "output_tokens": self._completion_tokens}
+        usage = {"input_tokens": self._tokens.prompt, "cache_creation_input_tokens": 0,
+                 "cache_read_input_tokens": self._tokens.cached,
+                 "output_tokens": self._tokens.completion}
         return (out + sse_event("message_delta", {
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},

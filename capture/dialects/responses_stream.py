@@ -30,7 +30,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .base import StreamEncoder, as_int, first_delta, reasoning_text, sse_event, usage_counts
+from .base import (
+    StreamEncoder,
+    StreamTokens,
+    as_int,
+    reasoning_text,
+    sse_event,
+)
 from .responses_items import (
     ids_from,
     message_item,
@@ -76,10 +82,7 @@ class ResponsesStreamEncoder(StreamEncoder):
         self._calls: dict[int, _Call] = {}
         self._open_call: _Call | None = None
         self._finish: str | None = None
-        self._prompt_tokens = 0
-        self._completion_tokens = 0
-        self._cached = 0
-        self._usage_seen = False
+        self._tokens = StreamTokens()
 
     # --- event helpers ---------------------------------------------------------------------
 
@@ -220,19 +223,12 @@ class ResponsesStreamEncoder(StreamEncoder):
             return self.fail(str(error.get("message") or chunk["error"]))
         out = b"" if self._started else self._start(chunk)
         prompt_ids = chunk.get("prompt_token_ids")
-        if isinstance(prompt_ids, list) and not self._usage_seen:
-            self._prompt_tokens = len(prompt_ids)
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self._usage_seen = True
-            self._prompt_tokens, self._completion_tokens, self._cached = usage_counts(usage)
-        picked = first_delta(chunk)
+        if isinstance(prompt_ids, list) and not self._tokens.usage_seen:
+            self._tokens.prompt = len(prompt_ids)
+        picked = self._tokens.take(chunk)
         if picked is None:
             return out
         choice, delta = picked
-        token_ids = choice.get("token_ids")
-        if isinstance(token_ids, list) and not self._usage_seen:
-            self._completion_tokens += len(token_ids)
         reasoning = reasoning_text(delta)
         if reasoning:
             if self._open != "reasoning":
@@ -270,8 +266,8 @@ class ResponsesStreamEncoder(StreamEncoder):
         out = b"" if self._started else self._start({})
         out += self._close_item()
         self._ended = True
-        status = status_of(self._finish, self._request, self._completion_tokens)
-        usage = response_usage(self._prompt_tokens, self._completion_tokens, self._cached)
+        status = status_of(self._finish, self._request, self._tokens.completion)
+        usage = response_usage(self._tokens.prompt, self._tokens.completion, self._tokens.cached)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + self._event(kind, {"response": self._response(status, self._output, usage)})
 

@@ -29,7 +29,8 @@ tool. Here a `script(request) -> str` writes the assistant's raw text instead (a
     inside the call's markup), finish_reason on the last token, a usage chunk when
     `stream_options.include_usage`, and `data: [DONE]`.
 
-Logprobs are made up (finite, negative, a function of the position); nothing samples. What it
+The request rendering and the hermes parsing are in vllm_chat.py. Logprobs are made up (finite,
+negative, a function of the position); nothing samples. What it
 does not emulate: `n` > 1 and a reply that contains one of the request's stop strings (both get
 a 500 that says so, never an answer unlike vLLM's), guided decoding, reasoning parsers, several
 tokens per streamed chunk. A request for another model name gets vLLM's 404; a prompt + max_tokens over
@@ -45,7 +46,6 @@ Use (the capture proxy in front of it, a real agent CLI in front of that):
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 import uuid
@@ -56,6 +56,7 @@ from typing import Any
 from capture.fake_engine import answer_lifespan, check_chat_request, send_json
 from capture.serving import ThreadedUvicorn, read_body
 from capture.upstream import dumps, loads
+from harness.audit.vllm_chat import parse_hermes, vllm_messages, vllm_tools
 
 __all__ = [
     "SHELL_TOOL_NAMES",
@@ -66,14 +67,12 @@ __all__ = [
     "shell_task",
     "shell_tool_name",
     "tool_call",
+    # vLLM's side of a chat request (vllm_chat.py), importable from here for the tests
     "vllm_messages",
     "vllm_tools",
 ]
 
 EOS = "<|im_end|>"
-# vLLM's hermes parser (vllm/tool_parsers/hermes_tool_parser.py): a closed call, or an unclosed
-# one running to the end of the text.
-_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 # The shell tool of each agent: opencode and mini-swe-agent `bash`, Claude Code `Bash`, Codex
 # `exec_command` (older Codex builds: `shell`).
 SHELL_TOOL_NAMES = ("bash", "Bash", "exec_command", "shell", "local_shell")
@@ -135,136 +134,6 @@ def shell_task(
         return shell_call(request, commands[step]) if step < len(commands) else final
 
     return script
-
-
-def parse_hermes(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool calls) of a completion's text, as vLLM's hermes parser returns them."""
-    if "<tool_call>" not in text:
-        return text, []
-    try:
-        calls = []
-        for closed, unclosed in _HERMES_CALL.findall(text):
-            call = json.loads(closed or unclosed)
-            calls.append(
-                {
-                    "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
-                    "type": "function",
-                    "function": {
-                        "name": call["name"],
-                        "arguments": json.dumps(call["arguments"], ensure_ascii=False),
-                    },
-                }
-            )
-    except (ValueError, KeyError, TypeError):
-        return text, []  # vLLM logs the failure and returns the whole text as content
-    content = text[: text.find("<tool_call>")]
-    return content or None, calls
-
-
-_TEXT_PARTS = {
-    "text": "text",
-    "input_text": "text",
-    "output_text": "text",
-    "refusal": "refusal",
-    "thinking": "thinking",
-}
-_BILLING_HEADER = "x-anthropic-billing-header"  # Claude Code's per-request line vLLM drops
-
-
-def _text_parts(content: Any, role: str) -> list[dict[str, str]]:
-    """A message's content as vLLM 0.32 hands it to this template ("openai" content format:
-    a list of text parts, which the template concatenates; vllm/renderers/chat_utils.py)."""
-    if content is None:
-        return []
-    parts = [content] if isinstance(content, str) else list(content)
-    out = []
-    for part in parts:
-        if isinstance(part, str):
-            text: Any = part
-        elif isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
-            text = part.get(_TEXT_PARTS[part["type"]], part.get("text"))
-        else:
-            continue  # images and the like: the tiny model has no use for them
-        if not isinstance(text, str):
-            continue
-        if role == "system" and text.startswith(_BILLING_HEADER):
-            text = text.partition("\n")[2]
-            if not text:
-                continue
-        out.append({"type": "text", "text": text})
-    return out
-
-
-def _arguments(value: Any) -> dict[str, Any]:
-    """A tool call's arguments as vLLM passes them to the template: an object; a string that is
-    not a JSON object becomes {} (vLLM coerces it rather than fail every later turn)."""
-    if isinstance(value, dict):
-        return value
-    if not value or not isinstance(value, str):
-        return {}
-    try:
-        parsed = json.loads(value)
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
-def vllm_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as vLLM passes them to the chat template (chat_utils' parse + postprocess)."""
-    out = []
-    for message in messages:
-        role = message["role"]
-        content: Any = _text_parts(message.get("content"), role)
-        if role == "tool" and isinstance(message.get("content"), list):
-            content = "\n".join(part["text"] for part in content)  # vLLM joins a tool's parts
-        rendered: dict[str, Any] = {"role": role, "content": content}
-        calls = message.get("tool_calls")
-        if role == "assistant" and calls:
-            rendered["tool_calls"] = [
-                {
-                    **call,
-                    "function": {
-                        **call["function"],
-                        "arguments": _arguments(call["function"].get("arguments")),
-                    },
-                }
-                for call in calls
-            ]
-        # vLLM reads `reasoning` only: a `reasoning_content` in the history is not rendered
-        reasoning = message.get("reasoning")
-        if role == "assistant" and isinstance(reasoning, str):
-            rendered["reasoning"] = rendered["reasoning_content"] = reasoning
-        for key in ("tool_call_id", "name"):
-            if isinstance(message.get(key), str):
-                rendered[key] = message[key]
-        out.append(rendered)
-    return out
-
-
-def vllm_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The tools as vLLM passes them to the template: `ChatCompletionToolsParam.model_dump()`,
-    so a function's missing description or parameters render as null and unknown keys go."""
-    if not tools:
-        return None
-    out = []
-    for tool in tools:
-        function = tool.get("function") or {}
-        dumped = {
-            "name": function.get("name"),
-            "description": function.get("description"),
-            "parameters": function.get("parameters"),
-        }
-        if function.get("strict") is not None:
-            dumped["strict"] = function["strict"]
-        # a tool-level defer_loading is copied into the function, and kept where it was
-        defer = function.get("defer_loading", tool.get("defer_loading"))
-        if defer is not None:
-            dumped["defer_loading"] = defer
-        tool_dump: dict[str, Any] = {"type": "function", "function": dumped}
-        if tool.get("defer_loading") is not None:
-            tool_dump["defer_loading"] = tool["defer_loading"]
-        out.append(tool_dump)
-    return out
 
 
 class ScriptedEngine:

@@ -40,8 +40,8 @@ from harness.sandboxes.local import (
     BwrapSandbox,
     GradingReset,
     SandboxSpec,
-    check_bwrap_available,
 )
+from harness.sandboxes.local_launch import check_bwrap_available
 from harness.sandboxes.mounts import resolved_tool_binds, venv_binds
 from harness.sandboxes.ports import sandbox_url, url_forward
 

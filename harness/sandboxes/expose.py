@@ -85,7 +85,7 @@ def backend_problems(name: str) -> list[str]:
     backend = _backend(name)
     problems: list[str] = []
     if name == "local":
-        from harness.sandboxes.local import check_bwrap_available
+        from harness.sandboxes.local_launch import check_bwrap_available
 
         try:
             check_bwrap_available()

@@ -1,6 +1,6 @@
 """The grader's scratch space and toolchain config, fresh at every grading (run by pid 1).
 
-Runs inside the sandbox, imported by supervisor.py's grading reset (the standard library only,
+Runs inside the sandbox, imported by grading_reset.py (the standard library only,
 Python >= 3.9). Two parts of "the grader's own machinery" (THREAT_MODEL.md) that live in the
 sandbox's writable root, so the agent could shape them:
 

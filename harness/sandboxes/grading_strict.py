@@ -1,6 +1,6 @@
 """Strict mode: before grading, the sandbox's writable root goes back to the image's but the outputs.
 
-Runs inside the sandbox, imported by supervisor.py's grading reset (the standard library only,
+Runs inside the sandbox, imported by grading_reset.py (the standard library only,
 Python >= 3.9). A task that sets `[metadata] harness_strict = true` (outputs.py) says its
 grade depends on its declared outputs alone; everything else the agent changed in the writable
 root (a marker file in /app, a config the image's build wrote, a /node_modules) is put back as

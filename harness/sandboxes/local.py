@@ -5,10 +5,11 @@ agents and session code may use either. Lifecycle:
 
     start():  make a private host dir (run/, net/), listen on run/ctl.sock, open the port
               relays, spawn `bwrap ... python3 supervisor` on a capped tmpfs root, wait for
-              "ready", then copy the seed files in
+              "ready" (the command line and the wait: local_launch.py), then copy the seed
+              files in
     exec():   one control connection per command (channel.run_command)
     put/get:  tar streamed through exec, so every path is resolved inside the sandbox's own view
-              (an agent's symlink cannot aim a host-side write at a host file)
+              (an agent's symlink cannot aim a host-side write at a host file): local_files.py
     prepare_grading():  between the agent and the verifier: the supervisor kills every process
               of the sandbox's pid namespace but itself, puts back the merged-/usr symlinks
               and the grader hook files (GRADING_HOOKS) and makes the grading dirs fresh;
@@ -28,17 +29,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import io
 import json
 import logging
 import marshal
 import os
-import select
 import shutil
 import signal
 import socket
 import subprocess
-import tarfile
 import tempfile
 import time
 import uuid
@@ -55,7 +53,6 @@ from harness.sandboxes.errors import (
     SandboxExecTimeoutError,
     SandboxPathError,
     SandboxStartError,
-    SandboxUnavailableError,
 )
 from harness.sandboxes.grading_state import (
     GRADER_PYTHON_DIR,
@@ -71,12 +68,17 @@ from harness.sandboxes.grading_state import (
     grading_env,
 )
 from harness.sandboxes.limits import ProcessCgroup, SandboxLimits
-from harness.sandboxes.mounts import BASE_PATH, DEV_NODES, bwrap_argv, usr_links
+from harness.sandboxes.local_files import FilesThroughExec
+from harness.sandboxes.local_launch import (
+    READY_TIMEOUT_S,
+    check_bwrap_available,
+    read_ready,
+    supervisor_argv,
+)
+from harness.sandboxes.mounts import BASE_PATH, usr_links
 from harness.sandboxes.supervisor_build import (
-    SANDBOX_PYTHON,
     compiled_supervisor,
     default_base_dir,
-    grader_python_dir,
 )
 
 __all__ = [
@@ -93,7 +95,6 @@ __all__ = [
     "BwrapSandbox",
     "GradingReset",
     "SandboxSpec",
-    "check_bwrap_available",
     "compiled_supervisor",
     "default_base_dir",
     "grading_env",
@@ -101,13 +102,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_SUPERVISOR_DIR_IN_SANDBOX = "/run/harness-supervisor"
-_SUPERVISOR_STUB = (
-    f"import sys; sys.path.insert(0, {_SUPERVISOR_DIR_IN_SANDBOX!r}); "
-    "import supervisor; supervisor.main()"
-)
-_SANDBOX_PYTHON = SANDBOX_PYTHON
-_READY_TIMEOUT_S = 20.0
 # A supervisor op (kill everything, the grading reset) that takes longer than this means pid 1
 # is wedged or dying: waiting on forever would hang the grading (issue 29, finding 10).
 _OP_TIMEOUT_S = 120.0
@@ -146,21 +140,7 @@ class SandboxSpec:
     hostname: str = "sandbox"
 
 
-def check_bwrap_available() -> None:
-    """Raise SandboxUnavailableError naming the fix when the local sandbox cannot run here."""
-    if shutil.which("bwrap") is None:
-        raise SandboxUnavailableError(
-            "bubblewrap (bwrap) is not installed: run `apt-get install -y bubblewrap` "
-            "(./setup.sh does it), or pick a remote sandbox with --sandbox docker|e2b|daytona|modal"
-        )
-    if not os.access(_SANDBOX_PYTHON, os.X_OK):
-        raise SandboxUnavailableError(
-            f"{_SANDBOX_PYTHON} is missing: the local sandbox's supervisor runs on the host's "
-            "system Python (apt-get install -y python3-minimal)"
-        )
-
-
-class BwrapSandbox:
+class BwrapSandbox(FilesThroughExec):
     """One running sandbox. Not reusable: start() once, stop() once (stop is idempotent)."""
 
     def __init__(self, spec: SandboxSpec, *, name: str = "sandbox", base_dir: Path | None = None):
@@ -217,41 +197,11 @@ class BwrapSandbox:
             PortForwarder.shared().open(self._forward_key, net_dir, dict(self.spec.forward))
             forward_map = {str(p): f"/run/harness/{p}.sock" for p in self.spec.forward}
 
-        config = {
-            "ctl_fd": self._ctl.fileno(),
-            "forward": forward_map,
-            "limits": self.spec.limits.rlimits(),
-            "dev_nodes": list(DEV_NODES),
-        }
         info_r, info_w = os.pipe()
-        payload = marshal.dumps(config, 4).hex()  # the supervisor reads marshal, not JSON
-        compiled = compiled_supervisor()
-        ro_binds = {
-            **self.spec.ro_binds,
-            str(compiled): _SUPERVISOR_DIR_IN_SANDBOX,
-            str(grader_python_dir()): GRADER_PYTHON_DIR,
-        }
-        command = [_SANDBOX_PYTHON, "-I", "-S", "-c", _SUPERVISOR_STUB, payload]
-        workdir = PurePosixPath(self.spec.workdir)
-        if not workdir.is_absolute() or ".." in workdir.parts:
-            raise SandboxPathError(f"workdir must be absolute without '..': {workdir}")
-        argv = bwrap_argv(
-            root_size_bytes=self.spec.limits.root_size_bytes(),
-            shm_size_bytes=self.spec.limits.shm_size_bytes(),
-            dirs=[
-                "/tmp",
-                "/root",
-                "/logs/agent",
-                "/logs/verifier",
-                "/logs/artifacts",
-                str(workdir),
-            ],
-            net_dir=net_dir,
-            ro_binds=ro_binds,
-            hostname=self.spec.hostname,
-            info_fd=info_w,
-            command=command,
-        )
+        spec = self.spec
+        argv = supervisor_argv(workdir=spec.workdir, ro_binds=spec.ro_binds, limits=spec.limits,
+                               hostname=spec.hostname, ctl_fd=self._ctl.fileno(),
+                               forward=forward_map, net_dir=net_dir, info_fd=info_w)
         self._cgroup = ProcessCgroup.create(self.name, self.spec.limits)
         if self._cgroup is not None:
             argv = self._cgroup.wrap(argv)
@@ -273,7 +223,7 @@ class BwrapSandbox:
                 os.close(info_w)
         _LIVE.add(self)
         try:
-            ready = await asyncio.to_thread(_read_ready, self._proc, _READY_TIMEOUT_S)
+            ready = await asyncio.to_thread(read_ready, self._proc, READY_TIMEOUT_S)
             # bwrap wrote {"child-pid": N} before the supervisor could print "ready"; read
             # without blocking, since the write end may stay open in bwrap.
             os.set_blocking(info_r, False)
@@ -562,69 +512,11 @@ class BwrapSandbox:
     async def shell(self, command: str, **kwargs) -> RawExecResult:
         return await self.exec(["/bin/sh", "-c", command], **kwargs)
 
-    # -- files (through exec, resolved in the sandbox's view) -----------------------------------
-    async def put_file(self, data: bytes, target: str) -> None:
-        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
-        await self._checked(["/bin/sh", "-c", script, "sh", target], stdin=data, what=target)
-
-    async def put_dir(self, source: Path, target: str) -> None:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for child in sorted(Path(source).iterdir()):
-                tar.add(child, arcname=child.name)
-        script = 'mkdir -p -- "$1" && tar -x --no-same-owner -f - -C "$1"'
-        await self._checked(
-            ["/bin/sh", "-c", script, "sh", target], stdin=buf.getvalue(), what=target
-        )
-
-    async def get_file(self, source: str) -> bytes:
-        return (await self._checked(["cat", "--", source], what=source)).stdout
-
-    async def get_dir(self, source: str, target: Path) -> None:
-        result = await self._checked(["tar", "-c", "-f", "-", "-C", source, "."], what=source)
-        target.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:") as tar:
-            tar.extractall(target, filter=_safe_member)
-
-    async def _checked(self, argv: list[str], *, what: str, stdin: bytes = b"") -> RawExecResult:
-        result = await self.exec(argv, stdin=stdin, cwd="/", timeout_s=600)
-        if result.return_code != 0:
-            raise SandboxPathError(
-                f"{argv[0]} on sandbox path {what} failed (exit {result.return_code}): "
-                f"{result.stderr.decode(errors='replace').strip()[:500]}"
-            )
-        return result
-
-
-def _read_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    """Wait (in a worker thread) for the supervisor's "ready" line; False on exit or timeout."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buf = b""
-    deadline = time.monotonic() + timeout_s
-    while b"\n" not in buf:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-            return False
-        chunk = os.read(fd, 64)
-        if not chunk:
-            return False
-        buf += chunk
-    return buf.split(b"\n", 1)[0].strip() == b"ready"
-
-
 @atexit.register
 def _stop_leftovers() -> None:
     """Sandboxes still running at interpreter exit: kill them and remove their dirs."""
     for box in list(_LIVE):
         box.stop_sync()
-
-
-def _safe_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    """tarfile's data filter, skipping device nodes and FIFOs (they carry no content)."""
-    if member.isdev():
-        return None
-    return tarfile.data_filter(member, dest)
 
 
 def _kill(pid: int) -> None:

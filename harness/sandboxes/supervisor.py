@@ -23,7 +23,7 @@ Two headers are requests to the supervisor itself, answered with one marshal dic
 {"op": "killall"} SIGKILLs every process in the sandbox but pid 1 until none is left
 ({"killed", "survivors"}); {"op": "grading_reset", "paths": [[path, mode, wipe], ...]} does the
 same, then restores the image's merged-/usr symlinks and the grader hook files and makes each
-grading path a fresh real directory (see `_grading_reset`). Commands:
+grading path a fresh real directory (see `_grading_reset` and grading_reset.py). Commands:
     host -> supervisor   4-byte big-endian length + marshal {"argv", "env", "cwd", "timeout",
                          "stdin_len"}, then `stdin_len` raw bytes for the command's stdin
     supervisor -> host   frames: 1 type byte + 4-byte big-endian length + payload
@@ -35,14 +35,15 @@ killed: that is how a cancelled `exec` on the host cleans up after itself.
 Port forwarding: for each configured port the supervisor listens on 127.0.0.1:PORT inside the
 sandbox's own network namespace (which has nothing but loopback) and relays every connection to
 a unix socket bound in from the host, where the host relays it on to the real TCP address (the
-capture proxy). Nothing else on the host is reachable.
+capture proxy). Nothing else on the host is reachable. The relays are in relays.py, the epoll
+registry both use in pid1_events.py.
 
 Limits set here are inherited by every command: RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, no
 core dumps. A command past its deadline has its process group SIGKILLed.
 
 Before anything else it remounts the host's device nodes read-only and drops its capabilities
-for good (pid1_setup.py). The grading reset's scratch and toolchain parts are in
-grading_scratch.py, strict mode's in grading_strict.py (imported only then). It must outlive anything the agent does: a connection
+for good (pid1_setup.py). The grading reset's file work is in grading_reset.py, its scratch and
+toolchain parts in grading_scratch.py, strict mode's in grading_strict.py (imported only then). It must outlive anything the agent does: a connection
 flood at a forwarded port meets a relay cap and, out of descriptors, a reserved fd that lets
 accept drain the queue; a handler that fails closes its own connection only. If pid 1 dies
 anyway, the host scores the rollout `tampered` (errors.SandboxDiedError).
@@ -56,44 +57,35 @@ import _socket
 import marshal
 import os
 import resource
-import select
 import signal
 import struct
 import sys
 import time
 
-_CHUNK = 65536
-_MAX_PENDING = 8 * 1024 * 1024  # stop reading a relay side while this much is unsent
-_DRAIN_AFTER_EXIT_S = 0.2  # background children may hold stdout open; do not wait for them
-_IN, _OUT = select.EPOLLIN, select.EPOLLOUT
-_ERR = select.EPOLLHUP | select.EPOLLERR
+from pid1_events import (
+    _CHUNK,
+    _ERR,
+    _IN,
+    _OUT,
+    _ep,
+    _handlers,
+    _log,
+    _modify,
+    _register,
+    _unregister,
+)
+from relays import (
+    accept,
+    close_relay,
+    listen_forwarded,
+    on_accept_forward,
+    on_relay,
+    prepare_relays,
+)
 
-_ep = select.epoll()
-_handlers = {}  # fd -> (kind, object)
+_DRAIN_AFTER_EXIT_S = 0.2  # background children may hold stdout open; do not wait for them
 _execs = set()
 _by_pid = {}  # pid of a command's process -> its _Exec, until reaped
-
-
-def _log(message):
-    sys.stderr.write("[supervisor] " + message + "\n")
-    sys.stderr.flush()
-
-
-def _register(fd, events, kind, obj):
-    _handlers[fd] = (kind, obj)
-    _ep.register(fd, events)
-
-
-def _modify(fd, events):
-    _ep.modify(fd, events)
-
-
-def _unregister(fd):
-    if _handlers.pop(fd, None) is not None:
-        try:  # noqa: SIM105 (contextlib costs start-up time here)
-            _ep.unregister(fd)
-        except (OSError, ValueError):
-            pass
 
 
 class _Exec:
@@ -114,19 +106,6 @@ class _Exec:
         self.rc = None
         self.finished = False
         self.closed = False
-
-
-class _Relay:
-    """One forwarded connection: two sockets and the bytes waiting to go each way."""
-
-    def __init__(self, a, b):
-        self.socks = (a, b)
-        self.pending = {a.fileno(): bytearray(), b.fileno(): bytearray()}  # bytes to send *to* fd
-        self.eof = {a.fileno(): False, b.fileno(): False}  # fd has sent EOF
-        self.closed = False
-
-    def other(self, sock):
-        return self.socks[1] if sock is self.socks[0] else self.socks[0]
 
 
 def _frame(kind, payload):
@@ -405,209 +384,14 @@ def _describe(pid):
     return f"{pid} {name[:80]}"
 
 
-def _wipe_tree(top):
-    """Remove everything under the real directory `top` (iterative: an agent may nest deep).
-
-    Directories are made writable first: the agent may have left them 0555 or 0000, and we are
-    their owner without CAP_DAC_OVERRIDE. Symlinks are removed, never followed.
-    """
-    dirs = []
-    stack = [top]
-    while stack:
-        d = stack.pop()
-        os.chmod(d, 0o700)
-        dirs.append(d)
-        with os.scandir(d) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                else:
-                    os.unlink(entry.path)
-    for d in reversed(dirs[1:]):  # each dir was listed after its parent: children go first
-        os.rmdir(d)
-
-
-def _reset_path(path, mode, wipe, found):
-    """Make `path` a real directory with `mode` (and empty, if `wipe`); note what was there."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None and not _is_dir(st.st_mode):
-        kind = f"a symlink to {os.readlink(path)!r}" if _is_link(st.st_mode) else "not a dir"
-        found.append(f"{path} was {kind}")
-        os.unlink(path)
-        st = None
-    if st is None:
-        os.mkdir(path, mode)
-    elif st.st_mode & 0o700 != 0o700:  # locked against its owner: a lock, not a preference
-        found.append(f"{path} was locked (mode {st.st_mode & 0o7777:o})")
-    if wipe:
-        names = os.listdir(path) if os.access(path, os.R_OK | os.X_OK) else ["(unreadable)"]
-        if names:
-            shown = ", ".join(sorted(names)[:5])
-            found.append(f"{path} held {len(names)} entries: {shown}")
-            _wipe_tree(path)
-    os.chmod(path, mode)
-
-
-def _is_dir(mode):
-    return (mode & 0o170000) == 0o040000
-
-
-def _is_link(mode):
-    return (mode & 0o170000) == 0o120000
-
-
-_HOOK_LIMIT = 1 << 20  # a grader hook file larger than this is compared by size alone
-_image_hooks = {}  # hook path -> its bytes as the image left them (see _reset_hooks)
-
-
-def _read_hook(path):
-    """A hook path's content: bytes for a regular file, None when absent, a str otherwise."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if _is_link(st.st_mode):
-        return f"a symlink to {os.readlink(path)!r}"
-    if _is_dir(st.st_mode):
-        return "a directory"
-    if (st.st_mode & 0o170000) != 0o100000:
-        return "not a regular file"
-    if st.st_size > _HOOK_LIMIT:
-        return f"a file of {st.st_size} bytes"
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        return f"unreadable ({exc.strerror})"
-
-
-def _remove_any(path):
-    st = os.lstat(path)
-    if _is_dir(st.st_mode):
-        _wipe_tree(path)
-        os.rmdir(path)
-    else:
-        os.unlink(path)
-
-
-def _reset_hooks(paths, record, found):
-    """Files the grader's tools read uninvited (pytest's config and conftest.py in an ancestor
-    of /tests): back to what the image had. `record` (the reset after the image's build) takes
-    that state as the image's; later resets report and undo any difference."""
-    if record:
-        _image_hooks.clear()
-        for path in paths:
-            content = _read_hook(path)
-            if isinstance(content, bytes):
-                _image_hooks[path] = content
-        return
-    for path in paths:
-        content = _read_hook(path)
-        image = _image_hooks.get(path)
-        if content == image:
-            continue
-        what = "changed" if image is not None and content is not None else "planted"
-        if content is None:
-            what = "removed"
-        elif not isinstance(content, bytes):
-            what = content
-        found.append(f"{path} (read by the grader's tools) was {what}")
-        if content is not None:
-            _remove_any(path)
-        if image is not None:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                os.write(fd, image)
-            finally:
-                os.close(fd)
-
-
-def _reset_link(path, target, found):
-    """`path` back to a symlink to `target` (the merged-/usr links: /bin, /lib64, ...).
-
-    They live in the writable root: an agent that replaced /bin with a dir of its own would
-    own the grader's `#!/bin/bash`, and /lib64 its dynamic loader."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None and _is_link(st.st_mode) and os.readlink(path) == target:
-        return
-    found.append(f"{path} was not the image's symlink to {target}")
-    if st is not None:
-        _remove_any(path)
-    os.symlink(target, path)
-
-
 def _grading_reset(header):
-    """Before grading: no process of the agent alive, grading dirs fresh; report what was found.
-
-    `header["paths"]`: [path, mode, wipe] in order (parents first); `header["links"]`: [path,
-    target] symlinks of the image to restore; `header["hooks"]`: files the grader's tools would
-    read uninvited, put back as they were at the `header["record"]` reset. Returns a dict:
-    killed, survivors (processes still alive at the deadline), found (agent state in or above
-    the grading dirs, now removed), errors (what could not be reset), reset (the agent's scratch
-    files and toolchain config put back: not evidence, see grading_scratch.py), free_bytes /
-    free_inodes of the sandbox's root after the reset.
-    """
+    """Before grading: no process of the agent alive (here, pid 1's job), then the grading
+    dirs made fresh and what was found reported (grading_reset.py; the answer's keys are
+    described there)."""
     killed, survivors = _killall(float(header.get("timeout") or 10.0))
-    found, errors, reset = [], [], []
-    if not survivors:  # a survivor could undo the reset: leave the dirs as evidence instead
-        for path, target in header.get("links") or ():
-            try:
-                _reset_link(path, target, found)
-            except OSError as exc:
-                errors.append(f"{path}: {exc}")
-        for path, mode, wipe in header.get("paths") or ():
-            try:
-                _reset_path(path, int(mode), bool(wipe), found)
-            except OSError as exc:
-                errors.append(f"{path}: {exc}")
-        try:
-            _reset_hooks(list(header.get("hooks") or ()), bool(header.get("record")), found)
-        except OSError as exc:
-            errors.append(f"grader hooks: {exc}")
-    # Free space as the agent left it (its scratch files count): a full disk is evidence even
-    # when the scratch reset below happens to free it.
-    st = os.statvfs("/")
-    if not survivors:
-        import grading_scratch  # (only graders pay its import, not the supervisor's start-up)
+    import grading_reset  # (only graders pay its import, not the supervisor's start-up)
 
-        keep = list(header.get("keep") or ())
-        record = bool(header.get("record"))
-        try:
-            grading_scratch.reset_toolchain(
-                list(header.get("toolchain") or ()), keep, record, reset
-            )
-        except OSError as exc:
-            errors.append(f"toolchain config: {exc}")
-        try:
-            grading_scratch.reset_scratch(list(header.get("scratch") or ()), keep, record, reset)
-        except OSError as exc:
-            errors.append(f"scratch space: {exc}")
-        if header.get("strict"):  # the task's harness_strict: all but its outputs (and /logs)
-            import grading_strict
-
-            strict_keep = keep + list(header.get("strict_keep") or ())
-            try:
-                if record:
-                    grading_strict.record(strict_keep, errors)
-                else:
-                    grading_strict.restore(strict_keep, reset, errors)
-            except OSError as exc:
-                errors.append(f"the image's root (strict mode): {exc}")
-    return {
-        "killed": killed,
-        "survivors": survivors,
-        "found": found,
-        "errors": errors,
-        "reset": reset,
-        "free_bytes": st.f_bavail * st.f_frsize,
-        "free_inodes": st.f_favail if st.f_files else -1,
-    }
+    return grading_reset.reset_for_grading(header, killed, survivors)
 
 
 def _maybe_finish(ex, now):
@@ -621,131 +405,14 @@ def _maybe_finish(ex, now):
     _exit_frame(ex, ex.rc, ex.timed_out, None)
 
 
-_reserve = [None]  # an fd held back so that EMFILE in accept can still drain the queue
-_relays = set()
-_relay_cap = [1024]  # open relays at most (each holds 2 fds); set in main from RLIMIT_NOFILE
-
-
-def _reserve_fd():
-    if _reserve[0] is None:
-        try:  # noqa: SIM105 (contextlib costs start-up time here)
-            _reserve[0] = os.open("/", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            pass
-
-
-def _accept(listener):
-    """One connection from the listener's queue, or None (none left, or out of descriptors).
-
-    Out of descriptors (an agent's flood of connections to a forwarded port: issue 29, finding
-    3), the pending connection is accepted on the reserved fd and closed at once, so the
-    listener's queue drains and the event loop does not spin; pid 1 itself never fails.
-    """
-    try:
-        fd, _ = listener._accept()
-    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-        return None
-    except OSError as exc:
-        if exc.errno not in (23, 24):  # ENFILE, EMFILE
-            _log(f"accept failed: {exc}")
-            return None
-        if _reserve[0] is not None:
-            os.close(_reserve[0])
-            _reserve[0] = None
-            try:  # noqa: SIM105 (contextlib costs start-up time here)
-                fd, _ = listener._accept()
-                os.close(fd)
-            except OSError:
-                pass
-            _reserve_fd()
-        _log("out of file descriptors: a connection was refused")
-        return None
-    return _socket.socket(fileno=fd)
-
-
 def _on_accept_ctl(listener):
-    conn = _accept(listener)
+    conn = accept(listener)
     if conn is None:
         return
     conn.setblocking(False)
     ex = _Exec(conn)
     _execs.add(ex)
     _register(conn.fileno(), _IN, "conn", ex)
-
-
-def _on_accept_forward(listener, unix_path):
-    client = _accept(listener)
-    if client is None:
-        return
-    if len(_relays) >= _relay_cap[0]:  # refused, not queued: the agent's own calls get through
-        client.close()
-        return
-    upstream = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        upstream.connect(unix_path)
-    except OSError as exc:
-        _log(f"forward to {unix_path} failed: {exc}")
-        client.close()
-        upstream.close()
-        return
-    client.setblocking(False)
-    upstream.setblocking(False)
-    relay = _Relay(client, upstream)
-    _relays.add(relay)
-    for s in relay.socks:
-        _register(s.fileno(), _IN, "relay", relay)
-
-
-def _relay_interest(relay):
-    for s in relay.socks:
-        fd, other = s.fileno(), relay.other(s).fileno()
-        events = 0
-        if not relay.eof[fd] and len(relay.pending[other]) < _MAX_PENDING:
-            events |= _IN
-        if relay.pending[fd]:
-            events |= _OUT
-        if fd in _handlers:
-            _modify(fd, events)
-
-
-def _close_relay(relay):
-    if relay.closed:
-        return
-    relay.closed = True
-    _relays.discard(relay)
-    for s in relay.socks:
-        _unregister(s.fileno())
-        s.close()
-
-
-def _on_relay(relay, fd, events):
-    sock = relay.socks[0] if relay.socks[0].fileno() == fd else relay.socks[1]
-    other = relay.other(sock)
-    try:
-        if events & (_IN | _ERR) and not relay.eof[fd]:
-            data = sock.recv(_CHUNK)
-            if data:
-                relay.pending[other.fileno()] += data
-            else:
-                relay.eof[fd] = True
-                if not relay.pending[other.fileno()]:
-                    other.shutdown(_socket.SHUT_WR)
-        if events & (_OUT | _ERR) and relay.pending[fd]:
-            sent = sock.send(relay.pending[fd])
-            del relay.pending[fd][:sent]
-            if not relay.pending[fd] and relay.eof[other.fileno()]:
-                sock.shutdown(_socket.SHUT_WR)
-    except BlockingIOError:
-        pass
-    except OSError:
-        _close_relay(relay)
-        return
-    if all(relay.eof.values()) and not any(relay.pending.values()):
-        _close_relay(relay)
-        return
-    if events & _ERR and relay.eof[fd] and not relay.pending[fd]:
-        _unregister(fd)  # this side is dead and owed nothing: stop polling it (HUP is sticky)
-    _relay_interest(relay)
 
 
 def _apply_limits(limits):
@@ -802,10 +469,7 @@ def main():
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _register(wake_r, _IN, "wake", None)
     _apply_limits(config.get("limits") or {})
-    soft_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft_nofile != resource.RLIM_INFINITY:  # 2 fds a relay, room for commands' pipes
-        _relay_cap[0] = max(8, min(_relay_cap[0], (soft_nofile - 256) // 2))
-    _reserve_fd()
+    prepare_relays()
     ctl_fd = int(config["ctl_fd"])
     # Inherited from the host, so inheritable: a command that inherited it could accept the
     # host's next control connection (the verifier's) and answer it with a forged result.
@@ -814,27 +478,7 @@ def main():
     ctl = _socket.socket(fileno=ctl_fd)
     ctl.setblocking(False)
     _register(ctl.fileno(), _IN, "ctl", ctl)
-    listeners = []
-    for port, unix_path in (config.get("forward") or {}).items():
-        # 127.0.0.1 always; ::1 too where the namespace has IPv6, since Node resolves
-        # "localhost" to ::1 first.
-        for family, address, required in (
-            (_socket.AF_INET, "127.0.0.1", True),
-            (_socket.AF_INET6, "::1", False),
-        ):
-            listener = _socket.socket(family, _socket.SOCK_STREAM)
-            try:
-                listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-                listener.bind((address, int(port)))
-            except OSError:
-                listener.close()
-                if required:
-                    raise
-                continue
-            listener.listen(128)
-            listener.setblocking(False)
-            listeners.append(listener)
-            _register(listener.fileno(), _IN, "fwd", (listener, unix_path))
+    listen_forwarded(config.get("forward") or {})
     os.chdir("/")
     sys.stdout.write("ready\n")
     sys.stdout.flush()
@@ -878,7 +522,7 @@ def _drop(entry):
     kind, obj = entry
     try:
         if kind == "relay":
-            _close_relay(obj)
+            close_relay(obj)
         elif kind in ("conn", "pipe", "stdin"):
             _close_exec(obj)
     except Exception as exc:  # noqa: BLE001
@@ -895,10 +539,10 @@ def _dispatch(entry, fd, events, wake_r):
     elif kind == "ctl":
         _on_accept_ctl(obj)
     elif kind == "fwd":
-        _on_accept_forward(*obj)
+        on_accept_forward(*obj)
     elif kind == "relay":
         if not obj.closed:
-            _on_relay(obj, fd, events)
+            on_relay(obj, fd, events)
     elif obj.closed:
         return
     elif kind == "conn":

@@ -31,9 +31,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVAL_SIDES", "PASS_THRESHOLD", "JsonlTail", "RunData", "Tokenizer", "find_tokenizer"]
+from harness.tables import PASS_THRESHOLD  # a rollout passes when env_reward >= it
 
-PASS_THRESHOLD = 1.0  # harness.eval's: a rollout passes when env_reward >= 1.0
+__all__ = ["EVAL_SIDES", "JsonlTail", "RunData", "Tokenizer", "find_tokenizer"]
+
 EVAL_SIDES = ("eval-before", "eval-after")  # harness.learning's folders, in the order they run
 CAUSE_ORDER = ("ok", "model_failure", "timeout", "tampered", "infra_failure",
                "verifier_failure")

@@ -22,7 +22,6 @@ at the group timeout while the caller resumes the engine and moves on.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
@@ -30,6 +29,7 @@ from typing import Any
 
 import torch
 
+from launchers.net import free_port
 from trainer.weight_sync.client import EngineControlClient
 from trainer.weight_sync.source import NameMap, iter_full_parameters, parameter_metas
 from trainer.weight_sync.wire import (
@@ -41,17 +41,11 @@ from trainer.weight_sync.wire import (
     plan_chunks,
 )
 
-__all__ = ["GlooTransport", "free_port"]
+__all__ = ["GlooTransport"]
 
 log = logging.getLogger(__name__)
 
 _GRACE_S = 10.0
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class GlooTransport:

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from launchers.net import free_port
 from trainer.weight_sync.client import EngineControlClient
 from trainer.weight_sync.errors import WeightSyncSetupError
-from trainer.weight_sync.gloo import free_port
 from trainer.weight_sync.source import NameMap, iter_full_parameters, parameter_metas
 
 __all__ = ["NcclTransport"]

@@ -24,13 +24,14 @@ leaves the group unusable; callers tear it down and open a new one.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from launchers.net import is_loopback
 
 __all__ = [
     "ALIGN_BYTES",
@@ -152,15 +153,6 @@ def chunk_sizes(metas: Sequence[TensorMeta], plan: Iterable[list[int]]) -> list[
     return [_layout([metas[i] for i in chunk])[1] for chunk in plan]
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class GlooGroup:
     """A 1-to-N gloo group outside torch.distributed's global state. Rank 0 sends."""
 
@@ -215,7 +207,7 @@ def open_gloo_group(
     prefixed = dist.PrefixStore(_STORE_PREFIX, store)
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
-    if _is_loopback(host):
+    if is_loopback(host):
         options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     else:
         options._devices = [dist.ProcessGroupGloo.create_default_device()]

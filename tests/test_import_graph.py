@@ -1,0 +1,224 @@
+"""The project's import plan, read from the source: no circles, and the trainer side never
+reaches the service side.
+
+Two static checks over every `import` in capture/, harness/, trainer/ and launchers/ (parsed, not
+run, so a lazy import inside a function and one under `if TYPE_CHECKING:` count too):
+
+1. No import circle among the project's modules. A circle (`capture.app -> agent_routes -> app`,
+   `harness.eval -> preflight -> learning -> eval`, ...) means neither module can be read, tested
+   or moved without the other; the fix is a third module both import (capture.state,
+   harness.tables' pass-rate table, harness.proxy_link).
+2. The import contract. The trainer's process runs trainer/, `harness.train` and `harness.remote`
+   and whatever those import at module level (their closure, computed here). None of those
+   modules may import the service side (SERVICE: harbor, openenv, capture and the rollout
+   service's own modules), not even lazily: vLLM's environment has no harbor, and a lazy import
+   is one call away from running. The crossing points that exist today are listed in
+   KNOWN_CROSSINGS with why; the list may only shrink (an entry that no longer exists fails too,
+   so it is removed when fixed).
+
+tests/test_trainer_isolation.py checks the same boundary at run time (what the real
+`python -m harness.train` loads) and that trainer/ imports no harness at all.
+
+Run: .venv/bin/python -m pytest tests/test_import_graph.py -q   (under a second)
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+from launchers.paths import REPO_ROOT
+
+PACKAGES = ("capture", "harness", "trainer", "launchers")
+
+# The rollout service's side: what only its process (`python -m harness.serve`, or eval's
+# in-process stack) may import.
+SERVICE = ("harbor", "openenv", "capture", "harness.sandboxes", "harness.session",
+           "harness.session_loop", "harness.factory", "harness.serve", "harness.rollout_service",
+           "harness.service_routes", "harness.agents", "harness.audit", "harness.proxy_link")
+
+# The trainer's process: these, and their module-level closure.
+TRAINER_ROOTS = ("trainer", "harness.train", "harness.remote")
+
+# (importer, imported) pairs on the trainer side that reach the service side today, each lazy or
+# a type name only, each to be moved out (the report of issue 33 says where). Do not add to it:
+# move the code instead.
+KNOWN_CROSSINGS = {
+    # a type name for an annotation (TYPE_CHECKING): never runs
+    ("harness.outcome", "openenv.core.harness.training"),
+    ("harness.tasks.loader", "harbor.models.task.task"),
+    # the one shared stack starts the service side: in the trainer's process only the "service"
+    # layout runs, whose path spawns `python -m harness.serve` (harness.service_spawn, a child
+    # process); eval's "proxy" layout runs the proxy in its own process
+    ("harness.stack", "capture.server"),
+    ("harness.stack", "harness.sandboxes.expose"),
+    # checks and helpers for the service's settings, run by eval's process (or the service's)
+    ("harness.preflight", "harness.sandboxes.expose"),
+    ("harness.run_config", "harbor.utils.logger"),
+    ("harness.tasks.sources", "harbor.registry.client.factory"),
+}
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+@cache
+def project_modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((REPO_ROOT / pkg).rglob("*.py"))
+            if "bundled" not in p.parts}  # task fixtures run inside sandboxes, not here
+
+
+def _owner(name: str) -> str | None:
+    """The project module an imported name loads (`harness.tasks.load_tasks` -> harness.tasks)."""
+    modules = project_modules()
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@cache
+def imports_of(module: str) -> tuple[tuple[str, bool], ...]:
+    """Every import in `module` as (dotted target, at module level?); relative ones resolved.
+
+    Module level is the module's own statements and those under a top-level `if`/`try` (as
+    `if TYPE_CHECKING:`); anything in a function or class body is lazy."""
+    path = project_modules()[module]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top: set[int] = set()
+    for stmt in tree.body:
+        top.add(id(stmt))
+        if isinstance(stmt, ast.If | ast.Try):
+            top.update(id(n) for n in ast.walk(stmt))
+    found: list[tuple[str, bool]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                if path.name != "__init__.py":
+                    parts = parts[:-1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append((sub if sub in project_modules() else base, id(node) in top))
+    return tuple(found)
+
+
+def project_edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for module in project_modules():
+        targets = {_owner(t) for t, _ in imports_of(module)}
+        edges[module] = {t for t in targets if t and t != module}
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def trainer_side() -> set[str]:
+    """TRAINER_ROOTS and every project module they load at module level (with its packages'
+    __init__ modules, which Python runs first)."""
+    modules = project_modules()
+    todo = [m for m in modules if any(m == r or m.startswith(r + ".") for r in TRAINER_ROOTS)]
+    seen: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules]
+        todo += [o for t, at_top in imports_of(module) if at_top and (o := _owner(t))]
+    return seen
+
+
+def _is_service(name: str) -> bool:
+    return any(name == s or name.startswith(s + ".") for s in SERVICE)
+
+
+def crossings() -> set[tuple[str, str]]:
+    return {(m, t) for m in trainer_side() for t, _ in imports_of(m) if _is_service(t)}
+
+
+def test_no_import_circles_among_the_projects_modules() -> None:
+    assert circles(project_edges()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    # the check above is only as good as this: a planted circle, a lazy edge included
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_trainer_side_is_trainer_the_train_command_and_the_service_client() -> None:
+    side = trainer_side()
+    assert {"harness.train", "harness.remote", "trainer.grpo", "harness.run_config"} <= side
+    # the service's own modules are not on it, not even through a package's __init__
+    assert not {m for m in side if _is_service(m)}
+
+
+def test_the_trainer_side_never_imports_the_service_side_beyond_the_known_crossings() -> None:
+    found = crossings()
+    assert found - KNOWN_CROSSINGS == set(), "a trainer-side module now imports the service side"
+    assert KNOWN_CROSSINGS - found == set(), "these crossings are gone: remove them from the list"
+
+
+def test_trainer_imports_no_harness_or_capture_module_at_all() -> None:
+    offenders = {(m, t) for m in project_modules() if m.startswith("trainer")
+                 for t, _ in imports_of(m) if t.split(".")[0] in ("harness", "capture")}
+    assert offenders == set()
+
+
+# launchers/ starts processes and knows nothing of rollouts; these warm-start builders still run
+# rollouts through harness (issue 33: they belong where what they use lives). No other may.
+LAUNCHERS_INTO_HARNESS = {"launchers.warm_model", "launchers.warm_agent_model",
+                          "launchers.warm_lookup_model"}
+
+
+def test_no_other_launcher_imports_harness() -> None:
+    importers = {m for m in project_modules() if m.startswith("launchers")
+                 for t, _ in imports_of(m) if t.split(".")[0] == "harness"}
+    assert importers - LAUNCHERS_INTO_HARNESS == set()
