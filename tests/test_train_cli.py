@@ -206,8 +206,11 @@ def test_the_defaults_resolve_the_learning_rate_and_the_held_out_split_from_the_
     """The tiny models train at 5e-4; a model of one's own must not get that silently."""
     tiny = parse([])
     assert (tiny.model, tiny.learning_rate) == (None, 5e-4)
-    assert (tiny.tasks, tiny.eval_tasks, tiny.max_agent_steps) == (
-        "family:train", "family:heldout", 1)
+    assert (tiny.tasks, tiny.eval_tasks, tiny.max_agent_steps, tiny.eval_rollouts_per_task) == (
+        "lookup:train", "lookup:test", 2, 1)  # 96 test tasks, one rollout each
+    create = parse(["--tasks", "family:train"])
+    assert (create.eval_tasks, create.max_agent_steps, create.eval_rollouts_per_task) == (
+        "family:heldout", 1, 8)
     own = parse(["--model", "Qwen/Qwen3-4B", "--tasks", "bundled"])
     assert own.learning_rate == 1e-6 and own.eval_tasks is None and own.max_agent_steps == 8
     assert parse(["--model", "Qwen/Qwen3-4B", "--learning-rate", "3e-5"]).learning_rate == 3e-5
@@ -218,7 +221,7 @@ def test_the_defaults_resolve_the_learning_rate_and_the_held_out_split_from_the_
 
 
 @pytest.mark.parametrize(("harness", "model"), [
-    ("mini-swe-agent", "tiny-qwen3-create-file"), ("opencode", "tiny-qwen3-create-file-opencode"),
+    ("mini-swe-agent", "tiny-qwen3-lookup"), ("opencode", "tiny-qwen3-create-file-opencode"),
     ("codex", "tiny-qwen3-create-file-codex"),
     ("claude-code", "tiny-qwen3-create-file-claude-code"),
 ])
