@@ -2,7 +2,7 @@
 """A hostile policy against its own grade: real agents run attacks through their own tools.
 
 Each test is one agent (mini-swe-agent: non-streaming chat; opencode: an npm agent, streaming
-chat) driven by a scripted engine (tests/scripted_engine.py: the test writes every model reply,
+chat) driven by a scripted engine (harness/audit/scripted_engine.py: the test writes every model reply,
 in vLLM's wire shape with the tiny model's real tokenizer) through the real session path: the
 `HarborSessionFactory` (its in-process capture proxy, the bubblewrap sandbox, Harbor's Verifier)
 as `python -m harness.eval` runs it. The task (tests/fixtures/integrity-task) asks for a
@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
+from harness.audit.scripted_engine import ScriptedEngine, shell_tool_name, tool_call
 from harness.factory import HarborSessionFactory
-from tests.scripted_engine import ScriptedEngine, shell_tool_name, tool_call
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 

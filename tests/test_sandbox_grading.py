@@ -30,8 +30,8 @@ from harness.sandboxes import (
 )
 from harness.sandboxes.local import GRADING_ENV, GRADING_HOME
 from harness.sandboxes.mounts import usr_links, venv_binds
-from tests.attacks import REWRITING_DAEMON
-from tests.waiting import until
+from tests.helpers.attacks import REWRITING_DAEMON
+from tests.helpers.waiting import until
 
 TASK = Path(__file__).parent / "fixtures" / "integrity-task"
 
@@ -60,7 +60,7 @@ async def _inside_pids(box: BwrapSandbox) -> list[str]:
 
 
 async def _wait_for(box: BwrapSandbox, condition: str, what: str) -> None:
-    """Poll a shell condition inside the sandbox until it holds (tests/waiting's deadline)."""
+    """Poll a shell condition inside the sandbox until it holds (tests/helpers/waiting's deadline)."""
 
     async def holds() -> bool:
         return (await _sh(box, condition))[0] == 0
@@ -333,11 +333,11 @@ async def _trial_reward(tmp_path: Path, script: str, environment: Any = None) ->
 
 async def test_harbor_trial_a_setsid_daemon_rewriting_the_tests_earns_nothing(tmp_path: Path):
     # The grader runs only once the reset has killed the daemon or the daemon has acted
-    # (tests/attacks.py): with the reset removed the attack wins, and this test fails, every time.
+    # (tests/helpers/attacks.py): with the reset removed the attack wins, and this test fails, every time.
     result = await _trial_reward(
         tmp_path, REWRITING_DAEMON,
         environment=environment_config("local").model_copy(
-            update={"import_path": "tests.attacks:AttackFirstEnvironment"}),
+            update={"import_path": "tests.helpers.attacks:AttackFirstEnvironment"}),
     )
     assert result.verifier_result is not None, result.exception_info
     assert result.verifier_result.rewards == {"reward": 0}

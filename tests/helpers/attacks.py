@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.sandboxes.bwrap import BwrapEnvironment
-from tests.waiting import until
+from tests.helpers.waiting import until
 
 __all__ = ["REWRITING_DAEMON", "REWRITTEN", "AttackFirstEnvironment", "attack_first_backend"]
 
