@@ -27,6 +27,7 @@ __all__ = [
     "AttackFirstEnvironment",
     "RecordingEnvironment",
     "attack_first_backend",
+    "local_backend",
 ]
 
 REWRITTEN = "# REWRITTEN-BY-DAEMON"
@@ -76,18 +77,19 @@ class AttackFirstEnvironment(RecordingEnvironment):
         return await super().exec(command, *args, **kwargs)
 
 
-def attack_first_backend() -> Any:
-    """A `sandbox=` for HarborSessionFactory: the local sandbox as AttackFirstEnvironment."""
+def local_backend(environment: type[BwrapEnvironment] = RecordingEnvironment) -> Any:
+    """A `sandbox=` for HarborSessionFactory: the local sandbox (as harness.factory builds it
+    for "local") made as `environment`, a subclass of the local environment."""
     from harbor.models.trial.paths import TrialPaths
 
     from harness.sandboxes.ports import sandbox_url
     from harness.session import SandboxBackend
 
-    def make(request: Any) -> AttackFirstEnvironment:
+    def make(request: Any) -> BwrapEnvironment:
         task = request.task
         paths = TrialPaths(request.trial_dir)
         paths.mkdir()
-        return AttackFirstEnvironment(
+        return environment(
             environment_dir=task.paths.environment_dir,
             environment_name=task.short_name,
             session_id=request.name,
@@ -98,3 +100,8 @@ def attack_first_backend() -> Any:
         )
 
     return SandboxBackend(make=make, agent_url=sandbox_url)
+
+
+def attack_first_backend() -> Any:
+    """A `sandbox=` for HarborSessionFactory: the local sandbox as AttackFirstEnvironment."""
+    return local_backend(AttackFirstEnvironment)
