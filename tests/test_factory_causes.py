@@ -20,7 +20,7 @@ import pytest
 
 from capture.fake_engine import FakeEngine
 from harness.session import SandboxBackend
-from tests.helpers.attacks import REWRITING_DAEMON, attack_first_backend
+from tests.helpers.attacks import REWRITING_DAEMON, RecordingEnvironment, attack_first_backend
 from tests.helpers.sessions import CALL, HELLO, SOLVE, make_factory, run_rollout
 from tests.helpers.waiting import until
 
@@ -229,8 +229,13 @@ def test_a_daemon_left_to_rewrite_the_tests_earns_nothing(fake_engine):
     # The other attack of the issue (reward 1.0, cause ok, before): killed before grading.
     # The grader runs only once the reset has killed the daemon or the daemon has acted
     # (tests/helpers/attacks.py): with the reset removed the attack wins, and this test fails, every time.
+    made_before = set(RecordingEnvironment.made)
     result = run_rollout(make_factory(fake_engine, f"{CALL} && {REWRITING_DAEMON}",
-                                  sandbox=attack_first_backend(), preinstalled=True), seed=0)
+                                      sandbox=attack_first_backend(), preinstalled=True), seed=0)
+    # The reset's evidence first: it found the daemon alive and killed it before grading.
+    resets = [r for key, env in RecordingEnvironment.made.items() if key not in made_before
+              for r in env.grading_resets]
+    assert any(r.killed >= 1 for r in resets), resets
     assert (result.cause, result.env_reward) == ("model_failure", 0.0)
 
 
