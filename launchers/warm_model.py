@@ -7,7 +7,7 @@ with mini-swe-agent; GRPO from 0% does not move (/work/shared/LEARNING.md). This
 capture proxy*, the path a user takes to distil a stronger policy's rollouts into a model before
 RL:
 
-1. capture: a scripted policy (tests/scripted_engine.py: prompt ids are the tiny tokenizer's
+1. capture: a scripted policy (harness/audit/scripted_engine.py: prompt ids are the tiny tokenizer's
    rendering of each request, as vLLM's) solves every *train* instance through the real
    mini-swe-agent CLI, the capture proxy, bubblewrap and the real verifiers. Held-out instances
    are never captured and never trained on: what the model learns to do on them it must get by
@@ -96,10 +96,10 @@ def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dic
     """Scripted solutions of every train instance, captured through the real stack (step 1):
     the `harness` agent's CLI, its own prompts and tool schema, the proxy, the verifiers."""
     from capture import CaptureServer
+    from harness.audit.scripted_engine import ScriptedEngine, shell_call
     from harness.factory import HarborSessionFactory
     from harness.run_records import RecordingFactory
     from harness.tasks.family import family_tasks
-    from tests.scripted_engine import ScriptedEngine, shell_call
 
     tasks = family_tasks("train")
     by_instruction = {t.instruction.strip(): t.metadata for t in tasks}

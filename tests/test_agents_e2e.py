@@ -2,7 +2,7 @@
 """Each real agent CLI solves a bundled task end to end: bubblewrap sandbox -> capture proxy ->
 scripted engine -> Harbor verifier -> validated TrainingTrace -> outcome.
 
-The engine is scripted (tests/scripted_engine.py: vLLM's wire shape and the tiny model's real
+The engine is scripted (harness/audit/scripted_engine.py: vLLM's wire shape and the tiny model's real
 tokenizer, replies chosen here) so that every run is the same: the model writes the agent's shell
 tool call that solves hello-file, the agent runs it in its sandbox, the model then says it is done
 (mini-swe-agent: runs its submit command). What the tiny model would write is not the subject
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from harness.agents import AGENTS
+from harness.audit.scripted_engine import ScriptedEngine, shell_call, shell_task
 from harness.factory import HarborSessionFactory
 from harness.tasks import BUNDLED_DIR
-from tests.scripted_engine import ScriptedEngine, shell_call, shell_task
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ mini-swe-agent (non-streaming chat) each run on the host (no sandbox) in a temp 
 HOME / XDG / CODEX_HOME / CLAUDE_CONFIG_DIR so no file of the host is read or written, with their
 own system prompts and tools, pointed at a fresh capture session, under a timeout.
 
-The model is scripted (tests/scripted_engine.py: vLLM's wire shape, the tiny model's real
+The model is scripted (harness/audit/scripted_engine.py: vLLM's wire shape, the tiny model's real
 tokenizer and chat template, replies chosen here), because what is tested is the capture and each
 agent's dialect, not what a 2-layer model happens to sample: on a freshly built tiny model the
 agents' real prompts got no clean tool call at all (issue 14). The script plays one task:
@@ -42,8 +42,8 @@ from typing import Any
 
 import pytest
 
-from tests.prefix_oracle import turn_parent
-from tests.scripted_engine import ScriptedEngine, scripted_logprob, shell_task, tool_call
+from harness.audit.scripted_engine import ScriptedEngine, scripted_logprob, shell_task, tool_call
+from tests.helpers.prefix_oracle import turn_parent
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 

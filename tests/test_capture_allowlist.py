@@ -17,6 +17,7 @@ import pytest
 
 from capture.allowlist import KEPT, MAX_STOP, REWRITTEN, restrict
 from capture.errors import BadRequest
+from tests.helpers.tools import BASH_TOOLS as TOOLS
 
 ALLOWED = KEPT | REWRITTEN
 # Fields of vLLM 0.32's chat route (and OpenAI's) that change the sampled distribution, the
@@ -46,7 +47,6 @@ HOSTILE = {
     "vllm_xargs": {"a": 1},
     "logits_processors": ["x"],
 }
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 
 
 def post(info, dialect: str, body: dict) -> httpx.Response:

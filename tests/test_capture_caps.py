@@ -20,12 +20,10 @@ import pytest
 from capture import CaptureClient, CaptureServer
 from capture.caps import RolloutCaps, default_caps
 from capture.errors import BadRequest
+from harness.audit.scripted_engine import ScriptedEngine, shell_call
 from harness.factory import HarborSessionFactory
 from harness.tasks import BUNDLED_DIR
-from tests.scripted_engine import ScriptedEngine, shell_call
-
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}}}}]
+from tests.helpers.tools import BASH_COMMAND_TOOLS as TOOLS
 
 
 def _fire(proxy: CaptureServer, info, n: int) -> list[int]:

@@ -32,32 +32,10 @@ from capture.errors import (
     EngineUnreachable,
 )
 from capture.sessions import ID_BLOCK, failure_kind
-from tests.waiting import wait_until
+from tests.helpers.capture_client import chat, conversation
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
-
-
-def chat(info, messages, url: str | None = None) -> httpx.Response:
-    base = info.base_urls["chat"] if url is None else f"{url}/s/{info.session_id}/v1"
-    return httpx.post(f"{base}/chat/completions", timeout=60,
-                      headers={"authorization": f"Bearer {info.secret}"},
-                      json={"model": "m", "messages": messages, "tools": TOOLS})
-
-
-def conversation(info, turns: int, url: str | None = None,
-                 messages: list[dict] | None = None) -> list[dict]:
-    """An agent loop of `turns` calls, from scratch or continuing `messages`."""
-    if messages is None:
-        messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix"}]
-    start = sum(1 for m in messages if m["role"] == "tool")
-    for turn in range(start, start + turns):
-        reply = chat(info, messages, url)
-        assert reply.status_code == 200, reply.text
-        message = reply.json()["choices"][0]["message"]
-        messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
-                     {"role": "tool", "tool_call_id": f"call_{turn}", "content": f"out {turn}"}]
-    return messages
 
 
 def id_number(node_id: str) -> int:
@@ -87,7 +65,7 @@ def test_node_ids_of_calls_in_flight_at_a_crash_are_never_handed_out_again(fake,
     first = ProxyProcess(fake.url, data_dir, key_file)
     try:
         info = first.admin.create_session()
-        messages = conversation(info, 2, first.url)
+        messages = conversation(info, 2, url=first.url)
         fake.fault = "hang"  # the next calls reach the engine and stay there
         seen = len(fake.requests)
         hung = [threading.Thread(target=lambda: _quietly(chat, info, messages, first.url),
@@ -101,7 +79,7 @@ def test_node_ids_of_calls_in_flight_at_a_crash_are_never_handed_out_again(fake,
     second = ProxyProcess(fake.url, data_dir, key_file)
     try:
         handed_out = 2 + 3  # two recorded calls, three in flight at the crash
-        conversation(info, 2, second.url, messages)  # the agent goes on where it was
+        conversation(info, 2, url=second.url, messages=messages)  # the agent goes on where it was
         turns = json.loads(second.admin.trace_json(info.session_id))["turns"]
         ids = [turn["node_id"] for turn in turns]
         assert len(ids) == len(set(ids)) == 4
@@ -195,7 +173,7 @@ def test_calls_after_a_torn_last_line_are_not_fused_with_it(fake, tmp_path):
     log = data_dir / "sessions" / info.session_id / "calls.jsonl"
     log.write_bytes(log.read_bytes() + b'{"kind": "call", "node_')  # crash mid-write
     with CaptureServer(fake.url, data_dir=data_dir, admin_key=first.admin_key) as second:
-        assert chat(info, messages, second.url).status_code == 200
+        assert chat(info, messages, url=second.url).status_code == 200
     with CaptureServer(fake.url, data_dir=data_dir, admin_key=first.admin_key) as third:
         stats = CaptureClient(third.url, third.admin_key).stats(info.session_id)
     assert (stats["n_ok"], stats["torn_log_lines"], stats["lost_calls"]) == (3, 1, 0)

@@ -22,10 +22,11 @@ from capture.resent import EngineBodies
 from capture.sampling import SamplingPolicy
 from capture.sessions import Session
 from capture.upstream import loads
+from tests.helpers.tools import BASH_TOOLS as TOOLS
 
 CHAT = DIALECTS["chat"]
 TRANSLATE = CHAT.message_translator()
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
 SYSTEM = {"role": "system", "content": "You are a coding agent. " * 40}
 
 

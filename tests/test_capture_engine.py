@@ -18,14 +18,12 @@ import json
 import httpx
 import pytest
 
-from tests.prefix_oracle import turn_parent
+from tests.helpers.prefix_oracle import turn_parent
+from tests.helpers.tools import BASH_DESCRIBED_TOOLS as TOOLS
 
 pytestmark = pytest.mark.engine
 
-TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                   "required": ["command"]}}}]
+
 MESSAGES = [{"role": "system", "content": "You are a careful coding agent."},
             {"role": "user", "content": "List the files, then fix the failing test."}]
 POLICY = {"temperature": 1.0, "max_tokens": 12}

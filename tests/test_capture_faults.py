@@ -19,7 +19,7 @@ import pytest
 
 from capture import CaptureClient, CaptureServer, NothingTrainableError
 from capture.fake_engine import FakeEngine
-from tests.waiting import wait_until
+from tests.helpers.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

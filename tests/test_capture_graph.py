@@ -12,7 +12,7 @@ import pytest
 from capture.aux import aux_hint, classify
 from capture.graph import HOT_LEAVES, RolloutGraph
 from capture.sampling import SamplingPolicy
-from tests.prefix_oracle import oracle_parent
+from tests.helpers.prefix_oracle import oracle_parent
 
 
 def _add(graph: RolloutGraph, node_id: str, prompt: list[int], completion: list[int]):

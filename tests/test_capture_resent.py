@@ -21,7 +21,7 @@ from capture.dialects.memo import TranslationMemo
 from capture.fake_engine import FakeEngine
 from capture.resent import KEEP, EngineBodies, RequestReader
 from capture.server import CaptureServer
-from tests.test_dialects_memo import chat_turns, messages_turns
+from tests.helpers.conversations import chat_turns, messages_turns
 
 SERIALISERS = {
     "compact (JS, Rust)": lambda body: json.dumps(body, separators=(",", ":"),

@@ -3,7 +3,7 @@
 test_capture_engine.py checks the proxy against vLLM itself, but whether the tiny model's sampled
 ids re-render to themselves when sent back is up to what it samples (a 1-token reply often does
 not), so a test there can only compare parents with the prefix oracle. Here the replies are
-chosen (tests/scripted_engine.py: the tiny tokenizer's real ids, vLLM's wire shape), so the graph's
+chosen (harness/audit/scripted_engine.py: the tiny tokenizer's real ids, vLLM's wire shape), so the graph's
 behaviour on a conversation that does chain, and on a retry, is asserted exactly.
 
 Run: .venv/bin/python -m pytest tests/test_capture_scripted.py -q
@@ -20,13 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.prefix_oracle import turn_parent
-from tests.scripted_engine import ScriptedEngine, tool_call
+from harness.audit.scripted_engine import ScriptedEngine, tool_call
+from tests.helpers.prefix_oracle import turn_parent
+from tests.helpers.tools import BASH_DESCRIBED_TOOLS as TOOLS
 
-TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                   "required": ["command"]}}}]
 MESSAGES = [{"role": "system", "content": "You are a careful coding agent."},
             {"role": "user", "content": "List the files, then fix the failing test."}]
 POLICY = {"temperature": 1.0, "max_tokens": 64}

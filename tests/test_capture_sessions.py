@@ -21,29 +21,16 @@ import pytest
 
 from capture import BadSessionKey, CaptureClient, CaptureServer, NothingTrainableError
 from capture.app import create_app
+from tests.helpers.capture_client import chat
+from tests.helpers.capture_client import conversation as agent_loop
+from tests.helpers.tools import BASH_TOOLS as TOOLS
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 SYSTEM = {"role": "system", "content": "You are a coding agent. " * 40}
 
 
-def chat(info, messages, *, key: str | None = "<secret>", tools=TOOLS, **extra) -> httpx.Response:
-    headers = {} if key is None else {
-        "authorization": f"Bearer {info.secret if key == '<secret>' else key}"}
-    body = {"model": "m", "messages": messages, **({"tools": tools} if tools else {}), **extra}
-    return httpx.post(f"{info.base_urls['chat']}/chat/completions", json=body, headers=headers,
-                      timeout=30)
-
-
 def conversation(info, turns: int) -> list[dict]:
-    """An agent loop: send, append the reply and a tool result, repeat."""
-    messages = [SYSTEM, {"role": "user", "content": "fix the bug"}]
-    for turn in range(turns):
-        reply = chat(info, messages)
-        assert reply.status_code == 200, reply.text
-        message = reply.json()["choices"][0]["message"]
-        messages += [{k: message[k] for k in ("role", "content", "tool_calls") if k in message},
-                     {"role": "tool", "tool_call_id": f"call_{turn}", "content": f"out {turn}"}]
-    return messages
+    """An agent loop from a long system prompt (a prefix worth sharing): `turns` calls."""
+    return agent_loop(info, turns, messages=[SYSTEM, {"role": "user", "content": "fix the bug"}])
 
 
 def test_a_wrong_key_gets_401_and_nothing_is_recorded(client):

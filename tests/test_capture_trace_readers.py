@@ -21,12 +21,13 @@ from openenv.core.harness.training import TrainingTrace
 from capture import CaptureClient, CaptureServer
 from capture.fake_engine import FakeEngine
 from harness.outcome import build_outcome
+from tests.helpers.tools import BASH_TOOLS as TOOLS
 from trainer.rollouts import _tool_counts
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 trl_harness = importlib.import_module("trl.experimental.async_grpo.openenv_harness")
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
 RESULTS = ["3 files", "Traceback (most recent call last): boom", "ok", "done"]
 
 

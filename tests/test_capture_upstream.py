@@ -23,7 +23,7 @@ import pytest
 from capture.errors import EngineDisconnected, EngineHTTPError, EngineTimeout, EngineUnreachable
 from capture.fake_engine import FakeEngine
 from capture.upstream import EngineClient
-from tests.waiting import until
+from tests.helpers.waiting import until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 CHAT = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})

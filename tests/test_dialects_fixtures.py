@@ -21,8 +21,8 @@ import pytest
 
 import capture.dialects as dialects_pkg
 from capture.dialects import DIALECTS, Dialect
-from tests.dialect_decode import decode_reply, decode_stream
 from tests.fixtures.dialects.fake_engine import engine_chunks, engine_reply
+from tests.helpers.dialect_decode import decode_reply, decode_stream
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dialects"
 FILES = sorted(FIXTURES.glob("*/*.json"))

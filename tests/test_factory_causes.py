@@ -19,78 +19,16 @@ import httpx
 import pytest
 
 from capture.fake_engine import FakeEngine
-from harness.agents.base import HarnessAgent
-from harness.factory import HarborSessionFactory
 from harness.session import SandboxBackend
-from harness.tasks import BUNDLED_DIR
-from tests.attacks import REWRITING_DAEMON, attack_first_backend
-from tests.waiting import until
-
-HELLO = BUNDLED_DIR / "hello-file"
-
-# One engine call from inside the sandbox, with the standard library (the sandbox has python3).
-CALL_PY = (
-    "import json,os,urllib.request as u;"
-    "r=u.Request(os.environ['ENDPOINT']+'/chat/completions',"
-    "json.dumps({'model':'tiny','messages':[{'role':'user','content':'hi'}]}).encode(),"
-    "{'Authorization':'Bearer '+os.environ['KEY'],'Content-Type':'application/json'});"
-    "u.urlopen(r,timeout=30).read()"
-)
-CALL = 'python3 -c "$CALL_PY"'
-SOLVE = "printf 'Hello, Harness!\\n' > /app/greeting.txt"
-
-
-def script_agent(script: str, agent_name: str = "script") -> type[HarnessAgent]:
-    """An agent class whose CLI is `sh -c script` (ENDPOINT/KEY/CALL_PY in its environment)."""
-
-    class ScriptAgent(HarnessAgent):
-        NAME: ClassVar[str] = agent_name
-        DIALECT: ClassVar[str] = "chat"  # type: ignore[assignment]
-        CLI: ClassVar[str] = "mini"
-        HARBOR_AGENT: ClassVar[str] = "harbor.agents.nop:NopAgent"
-        INSTALLED_BINARY: ClassVar[str] = "sh"
-
-        @staticmethod
-        def name() -> str:
-            return agent_name
-
-        def host_paths(self) -> list[Path]:
-            return []
-
-        def env(self) -> dict[str, str]:
-            return {"ENDPOINT": self.endpoint_url, "KEY": self.api_key, "CALL_PY": CALL_PY}
-
-        def command(self, instruction: str) -> list[str]:
-            return ["/bin/sh", "-c", script]
-
-    return ScriptAgent
+from tests.helpers.attacks import REWRITING_DAEMON, RecordingEnvironment, attack_first_backend
+from tests.helpers.sessions import CALL, HELLO, SOLVE, make_factory, run_rollout
+from tests.helpers.waiting import until
 
 
 @pytest.fixture(scope="module")
 def fake_engine():
     with FakeEngine() as engine:
         yield engine
-
-
-def make_factory(fake_engine, script: str, split=None, **kwargs) -> HarborSessionFactory:
-    options = dict(
-        split=split or [HELLO],
-        harness=script_agent(script),
-        llm_url=fake_engine.url,
-        sampling={"temperature": 1.0},
-        agent_timeout_s=30,
-        max_attempts=3,
-        backoff_s=0.01,
-    )
-    options.update(kwargs)
-    return HarborSessionFactory(None, **options)
-
-
-def rollout(factory: HarborSessionFactory, **kwargs):
-    try:
-        return asyncio.run(factory.rollout(**kwargs))
-    finally:
-        factory.close()
 
 
 def task_copy(tmp_path: Path, *, test_sh: str | None = None, dockerfile: str | None = None) -> Path:
@@ -105,7 +43,7 @@ def task_copy(tmp_path: Path, *, test_sh: str | None = None, dockerfile: str | N
 
 
 def test_an_agent_that_solves_the_task_is_ok_with_reward_one_and_a_trace(fake_engine):
-    result = rollout(make_factory(fake_engine, f"{CALL} && {SOLVE}"), seed=0)
+    result = run_rollout(make_factory(fake_engine, f"{CALL} && {SOLVE}"), seed=0)
     assert (result.cause, result.env_reward, result.attempts) == ("ok", 1.0, 1)
     assert result.trace is not None and len(result.trace.turns) == 1
     assert result.outcome is not None and result.outcome.env_reward == 1.0
@@ -115,14 +53,14 @@ def test_an_agent_that_solves_the_task_is_ok_with_reward_one_and_a_trace(fake_en
 
 
 def test_an_agent_that_crashes_after_a_model_call_is_a_model_failure_not_retried(fake_engine):
-    result = rollout(make_factory(fake_engine, f"{CALL}; exit 1"), seed=0)
+    result = run_rollout(make_factory(fake_engine, f"{CALL}; exit 1"), seed=0)
     assert (result.cause, result.env_reward, result.attempts) == ("model_failure", 0.0, 1)
     assert result.trace is not None
 
 
 def test_an_agent_that_crashes_before_its_first_model_call_is_retried_then_infra(fake_engine):
     factory = make_factory(fake_engine, "echo boom >&2; exit 3")
-    result = rollout(factory, seed=0)
+    result = run_rollout(factory, seed=0)
     assert (result.cause, result.attempts, factory.retries) == ("infra_failure", 3, 2)
     assert "AgentStartError" in result.error and "boom" in result.error
 
@@ -130,7 +68,7 @@ def test_an_agent_that_crashes_before_its_first_model_call_is_retried_then_infra
 def test_an_agent_that_hangs_past_its_timeout_is_a_timeout_with_its_turns_kept(fake_engine):
     factory = make_factory(fake_engine, f"{CALL}; sleep 600", agent_timeout_s=3)
     started = time.monotonic()
-    result = rollout(factory, seed=0)
+    result = run_rollout(factory, seed=0)
     # cut at its 3 s timeout, not after its 600 s sleep (the rest is sandbox and verifier time)
     assert result.cause == "timeout" and time.monotonic() - started < 300
     assert result.outcome is not None and result.outcome.timed_out is True
@@ -141,14 +79,14 @@ def test_an_agent_that_hangs_past_its_timeout_is_a_timeout_with_its_turns_kept(f
 def test_a_sandbox_that_fails_to_start_is_retried_then_infra(fake_engine, tmp_path):
     task = task_copy(tmp_path, dockerfile="FROM ubuntu:24.04\nWORKDIR /app\nRUN exit 7\n")
     factory = make_factory(fake_engine, SOLVE, split=[task])
-    result = rollout(factory, seed=0)
+    result = run_rollout(factory, seed=0)
     assert (result.cause, result.attempts) == ("infra_failure", 3)
     assert "SandboxStartError" in result.error
 
 
 def test_a_verifier_that_writes_no_reward_is_a_verifier_failure(fake_engine, tmp_path):
     task = task_copy(tmp_path, test_sh="#!/bin/bash\necho 'graded nothing'\n")
-    result = rollout(make_factory(fake_engine, f"{CALL} && {SOLVE}", split=[task]), seed=0)
+    result = run_rollout(make_factory(fake_engine, f"{CALL} && {SOLVE}", split=[task]), seed=0)
     assert (result.cause, result.env_reward, result.attempts) == ("verifier_failure", None, 1)
     assert "RewardMissingError" in result.error
 
@@ -206,13 +144,13 @@ def test_a_selected_key_of_a_multi_reward_task_becomes_env_reward(fake_engine, t
             f"echo '{json.dumps(rewards)}' > /logs/verifier/reward.json\n"
         ),
     )
-    result = rollout(make_factory(fake_engine, CALL, split=[task], reward_key="style"), seed=0)
+    result = run_rollout(make_factory(fake_engine, CALL, split=[task], reward_key="style"), seed=0)
     assert result.rewards == {"correct": 1.0, "style": 0.25}
     assert (result.cause, result.env_reward) == ("ok", 0.25)
 
 
 def test_a_reward_key_the_task_does_not_write_is_a_verifier_failure(fake_engine):
-    result = rollout(make_factory(fake_engine, CALL, reward_key="style"), seed=0)
+    result = run_rollout(make_factory(fake_engine, CALL, reward_key="style"), seed=0)
     assert result.cause == "verifier_failure" and "style" in result.error
 
 
@@ -281,7 +219,7 @@ def test_a_pre_written_locked_reward_is_tampered_scored_zero_and_trainable(fake_
     # The policy writes a passing grade and locks the reward folder: once this made the rollout
     # a verifier_failure, left out of the group baseline (failing that way cost nothing).
     lock = "echo 1 > /logs/verifier/reward.txt && chmod 555 /logs/verifier"
-    result = rollout(make_factory(fake_engine, f"{CALL} && {lock}"), seed=0)
+    result = run_rollout(make_factory(fake_engine, f"{CALL} && {lock}"), seed=0)
     assert (result.cause, result.env_reward, result.attempts) == ("tampered", 0.0, 1)
     assert "/logs/verifier was locked" in result.error and "reward.txt" in result.error
     assert result.trainable and result.outcome is not None and result.outcome.env_reward == 0.0
@@ -290,9 +228,14 @@ def test_a_pre_written_locked_reward_is_tampered_scored_zero_and_trainable(fake_
 def test_a_daemon_left_to_rewrite_the_tests_earns_nothing(fake_engine):
     # The other attack of the issue (reward 1.0, cause ok, before): killed before grading.
     # The grader runs only once the reset has killed the daemon or the daemon has acted
-    # (tests/attacks.py): with the reset removed the attack wins, and this test fails, every time.
-    result = rollout(make_factory(fake_engine, f"{CALL} && {REWRITING_DAEMON}",
-                                  sandbox=attack_first_backend(), preinstalled=True), seed=0)
+    # (tests/helpers/attacks.py): with the reset removed the attack wins, and this test fails, every time.
+    made_before = set(RecordingEnvironment.made)
+    result = run_rollout(make_factory(fake_engine, f"{CALL} && {REWRITING_DAEMON}",
+                                      sandbox=attack_first_backend(), preinstalled=True), seed=0)
+    # The reset's evidence first: it found the daemon alive and killed it before grading.
+    resets = [r for key, env in RecordingEnvironment.made.items() if key not in made_before
+              for r in env.grading_resets]
+    assert any(r.killed >= 1 for r in resets), resets
     assert (result.cause, result.env_reward) == ("model_failure", 0.0)
 
 
@@ -305,7 +248,7 @@ HOOKED = (  # a grader that runs code the agent controls (as real graders import
 def test_agent_code_that_kills_the_grader_is_tampered(fake_engine, tmp_path):
     task = task_copy(tmp_path, test_sh=HOOKED)
     hook = "echo 'kill -9 $$' > /app/hook.sh"
-    result = rollout(make_factory(fake_engine, f"{CALL} && {hook}", split=[task]), seed=0)
+    result = run_rollout(make_factory(fake_engine, f"{CALL} && {hook}", split=[task]), seed=0)
     assert (result.cause, result.env_reward) == ("tampered", 0.0)
     assert "killed by signal 9" in result.error
 
@@ -315,7 +258,7 @@ def test_agent_code_that_hangs_the_grader_is_tampered_by_the_control_run(fake_en
     task = task_copy(tmp_path, test_sh=HOOKED)
     hook = "echo 'sleep 600' > /app/hook.sh"
     factory = make_factory(fake_engine, f"{CALL} && {hook}", split=[task], verifier_timeout_s=3)
-    result = rollout(factory, seed=0)
+    result = run_rollout(factory, seed=0)
     assert (result.cause, result.env_reward) == ("tampered", 0.0)
     assert "grades a fresh sandbox" in result.error
     assert factory.config.grader_checks == {str(task): True}
@@ -325,7 +268,7 @@ def test_engine_failures_the_proxy_recorded_are_an_infra_failure(fake_engine):
     # The agent shrugs off a failed call and finishes: its run is still no sample of the policy.
     fake_engine.fault = "http500"
     try:
-        result = rollout(make_factory(fake_engine, f"{CALL}; {SOLVE}"), seed=0)
+        result = run_rollout(make_factory(fake_engine, f"{CALL}; {SOLVE}"), seed=0)
     finally:
         fake_engine.fault = None
     assert (result.cause, result.attempts) == ("infra_failure", 1)
@@ -333,7 +276,7 @@ def test_engine_failures_the_proxy_recorded_are_an_infra_failure(fake_engine):
 
 
 def test_reaching_the_step_limit_sets_timed_out(fake_engine):
-    result = rollout(make_factory(fake_engine, f"{CALL} && {CALL} && {SOLVE}", max_steps=2), seed=0)
+    result = run_rollout(make_factory(fake_engine, f"{CALL} && {CALL} && {SOLVE}", max_steps=2), seed=0)
     # solved at its step limit: "ok" (a step limit is no clock), but cut short for a reward fn
     assert result.cause == "ok" and result.env_reward == 1.0
     assert result.outcome is not None and result.outcome.timed_out is True
@@ -346,8 +289,8 @@ def test_the_trainer_scores_a_tampered_rollout_zero_inside_its_group(fake_engine
     from trainer.rewards import RewardFunc
 
     lock = "echo 1 > /logs/verifier/reward.txt && chmod 555 /logs/verifier"
-    honest = rollout(make_factory(fake_engine, f"{CALL} && {SOLVE}"), seed=0)
-    tampered = rollout(make_factory(fake_engine, f"{CALL} && {SOLVE} && {lock}"), seed=0)
+    honest = run_rollout(make_factory(fake_engine, f"{CALL} && {SOLVE}"), seed=0)
+    tampered = run_rollout(make_factory(fake_engine, f"{CALL} && {SOLVE} && {lock}"), seed=0)
     assert (honest.cause, tampered.cause) == ("ok", "tampered")
     group = prepare_group(
         [honest, tampered],
@@ -389,7 +332,7 @@ def test_an_exec_only_backend_gets_the_same_causes(fake_engine):
     backend = SandboxBackend(make=lambda r: ExecOnly(local.make(r)), agent_url=local.agent_url)
     lock = "echo 1 > /logs/verifier/reward.txt && chmod 555 /logs/verifier"
     daemon = "setsid sh -c 'while :; do sleep 0.01; done' >/dev/null 2>&1 </dev/null &"
-    result = rollout(
+    result = run_rollout(
         make_factory(fake_engine, f"{CALL} && {daemon} {lock}", sandbox=backend, preinstalled=True),
         seed=0,
     )

@@ -17,18 +17,11 @@ from transformers import AutoTokenizer
 
 from launchers.engine import Engine, EnginePortInUseError, ModelUnsupportedError
 from launchers.paths import SetupMissingError
+from tests.helpers.tools import BASH_DESCRIBED_TOOLS as TOOLS
 
 pytestmark = pytest.mark.engine
 
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a shell command",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                       "required": ["command"]},
-    },
-}]
+
 MESSAGES = [{"role": "system", "content": "You are a coding agent."},
             {"role": "user", "content": "Create hello.txt containing hello."}]
 

@@ -22,6 +22,7 @@ from launchers.tiny_model import (
     build_tiny_model,
     committed_tiny_model,
 )
+from tests.helpers.tools import BASH_TOOLS
 
 
 def test_tiny_model_is_qwen3_with_head_dim_32_and_32k_context(tiny_model_path: Path) -> None:
@@ -65,7 +66,7 @@ def test_chat_template_renders_tools_calls_and_results_in_hermes_format(tiny_mod
         {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
         {"role": "tool", "tool_call_id": "c2", "content": "/app"},
     ]
-    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    tools = BASH_TOOLS
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nbe brief\n\n# Tools")
     assert '\n{"type": "function", "function": {"name": "bash"' in text
@@ -89,7 +90,7 @@ def test_building_twice_from_the_same_seed_gives_identical_weights(tmp_path: Pat
 def test_warm_up_teaches_the_hermes_tool_call_format(tiny_model_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    tools = BASH_TOOLS
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "Create hello.txt containing hello."}],
                                         tools=tools, add_generation_prompt=True, return_dict=False)
     out = model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False,

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from launchers.paths import REPO_ROOT
-from tests.waiting import wait_until
+from tests.helpers.waiting import wait_until
 
 # A launcher that starts a process group (child + grandchild, like vLLM's API server and engine
 # core), arms a reaper for it, prints the group id, then waits to be killed.

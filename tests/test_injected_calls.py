@@ -17,13 +17,12 @@ import httpx
 import pytest
 
 from capture import CaptureClient, CaptureServer
+from harness.audit.scripted_engine import ScriptedEngine, shell_call
 from harness.factory import HarborSessionFactory
 from harness.tasks import BUNDLED_DIR
-from tests.scripted_engine import ScriptedEngine, shell_call
+from tests.helpers.tools import BASH_COMMAND_TOOLS as TOOLS
 from trainer.rows import trace_to_rows
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
-    "type": "object", "properties": {"command": {"type": "string"}}}}}]
 TASK = "Write hello to /app/greeting.txt"
 
 

@@ -242,7 +242,7 @@ def _target(request: dict[str, Any]) -> tuple[str, str]:
 
 def policy(request: dict[str, Any]) -> str:
     """Solves every task whose file is answer.txt; writes the wrong word everywhere else."""
-    from tests.scripted_engine import shell_tool_name, tool_call
+    from harness.audit.scripted_engine import shell_tool_name, tool_call
 
     name = shell_tool_name(request)
     if any(m.get("role") == "tool" for m in request["messages"]):
@@ -258,8 +258,8 @@ def policy(request: dict[str, Any]) -> str:
 def test_the_held_out_evaluation_counts_real_verifier_passes(tiny_model_path: Path,
                                                              tmp_path: Path):
     from capture import CaptureServer
+    from harness.audit.scripted_engine import ScriptedEngine
     from launchers.paths import agent_bin
-    from tests.scripted_engine import ScriptedEngine
 
     try:
         agent_bin("mini")

@@ -18,7 +18,7 @@ import pytest
 from capture import CaptureServer
 from harness.factory import HarborSessionFactory
 from harness.proxy_link import ProxyLink
-from tests.test_factory_causes import CALL, HELLO, SOLVE, script_agent
+from tests.helpers.sessions import CALL, HELLO, SOLVE, run_rollout, script_agent
 
 
 def test_the_agent_url_of_a_public_proxy_is_its_agent_listener_never_the_admin_one(fake):
@@ -42,10 +42,7 @@ def test_a_sandbox_of_a_public_proxy_reaches_the_agent_listener_and_not_the_admi
         agent = script_agent(f"{CALL} && {probe} && {SOLVE}", agent_name="admin-prober")
         factory = HarborSessionFactory(proxy.admin_url, admin_key=proxy.admin_key, split=[HELLO],
                                        harness=agent, agent_timeout_s=60, max_attempts=1)
-        try:
-            result = asyncio.run(factory.rollout(seed=0))
-        finally:
-            factory.close()
+        result = run_rollout(factory, seed=0)
     assert result.trace is not None and len(result.trace.turns) >= 1, result.error  # it reached
     assert (result.cause, result.env_reward) == ("model_failure", 0.0), (result.cause,
                                                                          result.error)

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
+from harness.audit.scripted_engine import ScriptedEngine, shell_tool_name, tool_call
 from harness.factory import HarborSessionFactory
 from harness.sandboxes import local
-from tests.scripted_engine import ScriptedEngine, shell_tool_name, tool_call
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 

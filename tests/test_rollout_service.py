@@ -3,7 +3,7 @@
 
 Real pieces: the service processes (each its own cache, data and temp dirs), their capture
 proxies, bubblewrap sandboxes, mini-swe-agent and Harbor's verifier on the bundled hello-file
-task. The engine is scripted (tests/scripted_engine.py), one per service, so what the model says is
+task. The engine is scripted (harness/audit/scripted_engine.py), one per service, so what the model says is
 fixed and a service's model call can be held open on purpose: that is how a rollout is caught
 mid-run when its service is killed. The training run with vLLM and the CPU weight sync is
 tests/test_service_train_e2e.py.
@@ -20,11 +20,11 @@ import threading
 import httpx
 import pytest
 
+from harness.audit.scripted_engine import ScriptedEngine, shell_task
 from harness.remote import RemoteSessionFactory
 from harness.tasks import BUNDLED_DIR
 from launchers.paths import REPO_ROOT
-from tests.scripted_engine import ScriptedEngine, shell_task
-from tests.service_helpers import start_service
+from tests.helpers.service import start_service
 
 pytestmark = [pytest.mark.agents]
 

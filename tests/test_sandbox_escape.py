@@ -28,7 +28,7 @@ from harness.sandboxes import (
 )
 from harness.tasks import BUNDLED_DIR
 from launchers.paths import REPO_ROOT
-from tests.waiting import until
+from tests.helpers.waiting import until
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from harbor.utils.import_path import import_class
 
 from harness.sandboxes import SANDBOX_BACKENDS, ExposeError, environment_config, expose_proxy
 from harness.sandboxes.expose import backend_problems
-from tests.waiting import wait_until
+from tests.helpers.waiting import wait_until
 
 PROXY = "http://127.0.0.1:41234"
 

@@ -30,8 +30,8 @@ from harness.sandboxes import (
 )
 from harness.sandboxes.local import GRADING_ENV, GRADING_HOME
 from harness.sandboxes.mounts import usr_links, venv_binds
-from tests.attacks import REWRITING_DAEMON
-from tests.waiting import until
+from tests.helpers.attacks import REWRITING_DAEMON, RecordingEnvironment
+from tests.helpers.waiting import until
 
 TASK = Path(__file__).parent / "fixtures" / "integrity-task"
 
@@ -60,7 +60,7 @@ async def _inside_pids(box: BwrapSandbox) -> list[str]:
 
 
 async def _wait_for(box: BwrapSandbox, condition: str, what: str) -> None:
-    """Poll a shell condition inside the sandbox until it holds (tests/waiting's deadline)."""
+    """Poll a shell condition inside the sandbox until it holds (tests/helpers/waiting's deadline)."""
 
     async def holds() -> bool:
         return (await _sh(box, condition))[0] == 0
@@ -126,10 +126,14 @@ async def test_a_daemon_waiting_to_rewrite_the_tests_is_gone_before_they_arrive(
         'echo "echo 1 > /logs/verifier/reward.txt" > /tests/test.sh; sleep 0.01; done\' '
         ">/dev/null 2>&1 &",
     )
-    await sandbox.prepare_grading()
+    await _wait_for(sandbox, "pgrep -f 'whil[e] :' >/dev/null", "the daemon to run")
+    reset = await sandbox.prepare_grading()
+    # The reset's evidence before the verdict: it killed the daemon and nothing is left that
+    # could touch the upload. With the kill removed this fails every time, whatever the
+    # daemon's timing (a check of the file alone would depend on the daemon winning a race).
+    assert reset.killed >= 1 and reset.survivors == [], reset
+    assert await _inside_pids(sandbox) == []
     await sandbox.put_file(b"echo 0 > /logs/verifier/reward.txt\n", "/tests/test.sh")
-    # What the daemon would have done within its 10 ms period, given 100 periods:
-    await _sh(sandbox, "sleep 1")
     assert (await _sh(sandbox, "cat /tests/test.sh"))[1] == "echo 0 > /logs/verifier/reward.txt\n"
 
 
@@ -317,10 +321,17 @@ class ScriptAgent(BaseAgent):
         return None
 
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext):
-        await environment.exec(self.script, timeout_sec=60)
+        result = await environment.exec(self.script, timeout_sec=60)
+        # What the attack printed, for the test to check that it acted (SCRIPT_OUT).
+        (self.logs_dir / SCRIPT_OUT).write_text(f"{result.stdout or ''}{result.stderr or ''}")
+
+
+SCRIPT_OUT = "script-output.txt"  # in the trial's agent dir (Harbor's logs_dir for the agent)
+RECORDING = "tests.helpers.attacks:RecordingEnvironment"
 
 
 async def _trial_reward(tmp_path: Path, script: str, environment: Any = None) -> Any:
+    """Harbor's Trial "attack" of the integrity task in tmp_path, `script` as the agent."""
     config = TrialConfig(
         task=TaskConfig(path=TASK),
         trials_dir=tmp_path,
@@ -333,12 +344,15 @@ async def _trial_reward(tmp_path: Path, script: str, environment: Any = None) ->
 
 async def test_harbor_trial_a_setsid_daemon_rewriting_the_tests_earns_nothing(tmp_path: Path):
     # The grader runs only once the reset has killed the daemon or the daemon has acted
-    # (tests/attacks.py): with the reset removed the attack wins, and this test fails, every time.
+    # (tests/helpers/attacks.py): with the reset removed the attack wins, and this test fails, every time.
     result = await _trial_reward(
         tmp_path, REWRITING_DAEMON,
         environment=environment_config("local").model_copy(
-            update={"import_path": "tests.attacks:AttackFirstEnvironment"}),
+            update={"import_path": "tests.helpers.attacks:AttackFirstEnvironment"}),
     )
+    # The reset's evidence first: it found the daemon alive and killed it before grading.
+    resets = RecordingEnvironment.of_trial(tmp_path / "attack").grading_resets
+    assert any(r.killed >= 1 for r in resets), resets
     assert result.verifier_result is not None, result.exception_info
     assert result.verifier_result.rewards == {"reward": 0}
 
@@ -349,7 +363,13 @@ async def test_harbor_trial_a_locked_pre_written_reward_is_not_the_grade(tmp_pat
         "echo 1 > /logs/verifier/reward.txt; chmod 555 /logs/verifier; "
         "mkdir -p /tests && printf 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh; "
         "chmod 555 /tests",
+        environment=environment_config("local").model_copy(update={"import_path": RECORDING}),
     )
+    # The attack acted (its grade and its tests were there, locked) and the reset found it.
+    resets = RecordingEnvironment.of_trial(tmp_path / "attack").grading_resets
+    evidence = " | ".join(e for r in resets for e in r.evidence)
+    for expected in ("/logs/verifier was locked", "reward.txt", "/tests was locked", "test.sh"):
+        assert expected in evidence, evidence
     assert result.exception_info is None, result.exception_info
     assert result.verifier_result is not None
     assert result.verifier_result.rewards == {"reward": 0}
@@ -364,7 +384,12 @@ USERCUSTOMIZE = (
 async def test_harbor_trial_a_usercustomize_for_the_graders_python_earns_nothing(tmp_path: Path):
     # The grader compares the answer in python3: the agent's usercustomize.py would end every
     # python3 with exit 0 (a pass) before it reads a line; the grader's HOME is fresh instead.
-    result = await _trial_reward(tmp_path, USERCUSTOMIZE + " && echo wrong > /app/answer.txt")
+    # The script proves its hook live before the agent ends: a python3 that exits 3 exits 0.
+    result = await _trial_reward(
+        tmp_path, USERCUSTOMIZE + " && echo wrong > /app/answer.txt && "
+        "python3 -c 'raise SystemExit(3)' && echo HOOK-LIVE")
+    said = (tmp_path / "attack" / "agent" / SCRIPT_OUT).read_text()
+    assert "HOOK-LIVE" in said, said
     assert result.exception_info is None, result.exception_info
     assert result.verifier_result is not None
     assert result.verifier_result.rewards == {"reward": 0}

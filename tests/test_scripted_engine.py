@@ -1,6 +1,6 @@
 """The scripted engine speaks vLLM's wire shape and renders prompts as vLLM does.
 
-The agent, capture and rollout tests that use tests/scripted_engine.py are only as good as its
+The agent, capture and rollout tests that use harness/audit/scripted_engine.py are only as good as its
 likeness to vLLM, so it is checked here: replies (whole and streamed) carry ids, logprobs and
 parsed tool calls the way vLLM 0.32 writes them, a history sent back extends the prompt +
 completion token for token, and, against the real engine, its prompt ids for every recorded
@@ -20,12 +20,9 @@ import httpx
 import pytest
 
 from capture.dialects import DIALECTS
-from tests.scripted_engine import ScriptedEngine, parse_hermes, tool_call
+from harness.audit.scripted_engine import ScriptedEngine, parse_hermes, tool_call
+from tests.helpers.tools import BASH_DESCRIBED_TOOLS as TOOLS
 
-TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                   "required": ["command"]}}}]
 MESSAGES = [{"role": "system", "content": "You are a coding agent."},
             {"role": "user", "content": "Create hello.txt containing hello."}]
 CALL = tool_call("bash", command="echo hello > hello.txt")

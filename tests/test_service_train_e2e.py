@@ -24,8 +24,8 @@ import pytest
 from harness.errors import TRAINABLE_CAUSES
 from launchers.engine import Engine
 from launchers.paths import REPO_ROOT
-from tests.service_helpers import start_service
-from tests.waiting import wait_until
+from tests.helpers.service import start_service
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.agents, pytest.mark.slow]
 

@@ -1,17 +1,15 @@
 # .venv/bin/python -m pytest tests/test_session_limits.py -q
 """The session enforces the step limit for a CLI that has no step option (Codex), at the proxy.
 
-Real sandbox and proxy, capture's fake engine, a shell-script agent (see test_factory_causes.py)
+Real sandbox and proxy, capture's fake engine, a shell-script agent (tests/helpers/sessions.py)
 that would make five engine calls if nobody stopped it.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from capture.fake_engine import FakeEngine
 from harness.factory import HarborSessionFactory
-from tests.test_factory_causes import CALL, HELLO, SOLVE, script_agent
+from tests.helpers.sessions import CALL, HELLO, SOLVE, run_rollout, script_agent
 
 
 def _rollout_without_step_knob(script: str, engine_url: str, *, max_steps: int):
@@ -20,10 +18,7 @@ def _rollout_without_step_knob(script: str, engine_url: str, *, max_steps: int):
     agent.NATIVE_STEP_LIMIT = False
     factory = HarborSessionFactory(None, split=[HELLO], harness=agent, llm_url=engine_url,
                                    max_steps=max_steps, agent_timeout_s=60, max_attempts=1)
-    try:
-        return asyncio.run(factory.rollout(seed=0))
-    finally:
-        factory.close()
+    return run_rollout(factory, seed=0)
 
 
 def test_an_agent_without_a_native_step_limit_is_stopped_after_max_steps_engine_calls():

@@ -24,8 +24,8 @@ from openenv.core.harness.rollout import (
     VerifyResult,
 )
 
-from tests.test_factory_causes import CALL, SOLVE, make_factory
-from tests.waiting import until
+from tests.helpers.sessions import CALL, SOLVE, make_factory
+from tests.helpers.waiting import until
 
 
 @pytest.fixture(scope="module")

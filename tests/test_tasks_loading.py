@@ -3,7 +3,7 @@
 
 No test here uses the network: the registry is exercised for real through a local JSON registry
 (Harbor's own client and task cache), and the networked paths are checked to fail fast with
-the offline fix in the message with the network blocked in-process (tests/network.py), so
+the offline fix in the message with the network blocked in-process (tests/helpers/network.py), so
 they mean the same on a machine that has network.
 """
 
@@ -31,7 +31,7 @@ from harness.tasks import (
     load_tasks,
     select_tasks,
 )
-from tests.network import block_network
+from tests.helpers.network import block_network
 
 
 def _copy_task(tmp_path: Path, name: str = "hello-file") -> Path:

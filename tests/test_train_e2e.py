@@ -23,7 +23,7 @@ from harness.errors import CAUSES, TRAINABLE_CAUSES
 from harness.eval import run_eval
 from harness.run_config import RunSettings
 from launchers.paths import REPO_ROOT
-from tests.waiting import wait_until
+from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.agents, pytest.mark.slow]
 

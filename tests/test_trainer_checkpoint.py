@@ -11,12 +11,12 @@ import json
 import pytest
 import torch
 
-from tests.torchrun_helpers import run_ranks
+from tests.helpers.ranks import run_ranks
 
 SCRIPT = """
 import json
 import torch.distributed as dist
-from test_trainer_step import _seeded_tiny_model, _source
+from tests.helpers.trainer import replay_source, seeded_tiny_model
 from trainer.config import AsyncGRPOConfig
 from trainer.grpo import HarnessAsyncGRPOTrainer
 
@@ -24,7 +24,7 @@ def train(name, **cfg):
     args = AsyncGRPOConfig(**{"num_generations": 4, "groups_per_step": 2, "learning_rate": 1e-2,
                               "max_tokens_per_microbatch": 64, "output_dir": OUT + "/" + name,
                               "report_to": "none", **cfg})
-    trainer = HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: _source(), args)
+    trainer = HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: replay_source(), args)
     return trainer, trainer.train()
 
 _, straight = train("straight", max_steps=3)
@@ -64,10 +64,10 @@ def test_sharded_save_and_resume_on_two_ranks_take_the_same_next_step(tmp_path):
     # The final model, exported whole in HF layout, loads with from_pretrained and has trained.
     from transformers import AutoModelForCausalLM
 
-    from tests.test_trainer_step import _seeded_tiny_model
+    from tests.helpers.trainer import seeded_tiny_model
 
     exported = AutoModelForCausalLM.from_pretrained(str(out / "straight" / "model"))
-    init = _seeded_tiny_model()
+    init = seeded_tiny_model()
     moved = [not torch.equal(a, b) for a, b in zip(exported.parameters(), init.parameters(),
                                                     strict=True)]
     assert all(moved)

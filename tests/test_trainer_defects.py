@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from tests.test_trainer_step import _seeded_tiny_model, _trainer
+from tests.helpers.trainer import make_trainer, seeded_tiny_model
 from trainer import loop
 from trainer.config import AsyncGRPOConfig
 from trainer.loop import StepInput, run_step
@@ -67,7 +67,7 @@ def test_forward_backward_time_includes_waiting_for_the_device(tmp_path, monkeyp
             pass
 
     monkeypatch.setattr(loop, "device_sync", slow_device)
-    trainer = _trainer(_seeded_tiny_model(), tmp_path)
+    trainer = make_trainer(seeded_tiny_model(), tmp_path)
     rows = [_row(20, 5, "a"), _row(20, 5, "b")]
     metrics = run_step(trainer, StepInput(rows=rows, advantages=[1.0, -1.0]))
     assert calls, "the step never waited for the device"
@@ -75,11 +75,11 @@ def test_forward_backward_time_includes_waiting_for_the_device(tmp_path, monkeyp
 
 
 def test_fsdp_gradient_sync_runs_on_the_last_micro_batch_only(tmp_path):
-    model = _seeded_tiny_model()
+    model = seeded_tiny_model()
     seen = []
     model.set_requires_gradient_sync = seen.append  # FSDP2's FSDPModule method, recorded
     # dense packing: these three rows are identical, so prefix sharing would forward them once
-    trainer = _trainer(model, tmp_path, max_tokens_per_microbatch=16, prefix_sharing=False)
+    trainer = make_trainer(model, tmp_path, max_tokens_per_microbatch=16, prefix_sharing=False)
     rows = [_row(20, 5, f"r{i}") for i in range(3)]  # each over the budget: 3 micro-batches
     metrics = run_step(trainer, StepInput(rows=rows, advantages=[1.0, -1.0, 0.5]))
     assert metrics["packing/microbatches"] == 3
@@ -188,7 +188,7 @@ def _expected_step_loss(trainer, rows: list[Row], advantages: list[float], norm:
 def test_a_step_with_loss_norm_sequence_trains_with_sequence_weights(tmp_path):
     """The config reaches the packer: the step's loss is the per-rollout mean, which for these
     rows (6 trainable tokens at A = +1 against 2 at A = -1) is far from the token mean."""
-    trainer = _trainer(_seeded_tiny_model(), tmp_path, loss_norm="sequence")
+    trainer = make_trainer(seeded_tiny_model(), tmp_path, loss_norm="sequence")
     rows = [_row(14, 6, "a"), _row(10, 2, "b")]
     advantages = [1.0, -1.0]
     sequence = _expected_step_loss(trainer, rows, advantages, "sequence")

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, sys, torch, torch.distributed as dist
-sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
-from test_trainer_step import _seeded_tiny_model, _source
+sys.path.insert(0, {repo!r})
+from tests.helpers.trainer import replay_source, seeded_tiny_model
 from trainer.config import AsyncGRPOConfig
 from trainer.grpo import HarnessAsyncGRPOTrainer
 
@@ -45,7 +45,7 @@ sync = RecordingSync()
 args = AsyncGRPOConfig(num_generations=4, groups_per_step=2, max_steps=2, learning_rate=1e-2,
                        max_tokens_per_microbatch=64, output_dir={out!r}, report_to="none",
                        dtype=DTYPE, dist_timeout_s=120)
-model = _seeded_tiny_model()
+model = seeded_tiny_model()
 if FAULT == "rank1_forward" and int(__import__("os").environ.get("RANK", "0")) == 1:
     calls = []
     def fail_in_step_2(module, args):
@@ -55,7 +55,7 @@ if FAULT == "rank1_forward" and int(__import__("os").environ.get("RANK", "0")) =
             raise RuntimeError("injected forward failure on rank 1")
     # on the decoder: the trainer runs it, then lm_head in chunks (trainer/forward.py)
     model.model.register_forward_pre_hook(fail_in_step_2)
-trainer = HarnessAsyncGRPOTrainer(model, lambda sampling: _source(), args, weight_sync=sync)
+trainer = HarnessAsyncGRPOTrainer(model, lambda sampling: replay_source(), args, weight_sync=sync)
 history = trainer.train()
 rank = dist.get_rank() if dist.is_initialized() else 0
 if rank == 0:
@@ -74,7 +74,7 @@ def _launch(tmp_path: Path, nproc: int, dtype: str = "float32", fault: str = "no
     out = tmp_path / f"n{nproc}-{dtype}-{fault}"
     out.mkdir()
     script = out / "train.py"
-    script.write_text(SCRIPT.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(out),
+    script.write_text(SCRIPT.format(repo=str(REPO), out=str(out),
                                     fault=fault, dtype=dtype))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     if nproc == 1:
@@ -137,10 +137,9 @@ def test_bf16_under_fsdp2_keeps_fp32_master_weights_and_pushes_bf16(tmp_path):
                                                           abs=2e-2)
     # The updates agree in direction (lr 1e-2, two Adam steps: elements move by ~2e-2, so
     # comparing the weights themselves would mostly compare rounding).
-    sys.path.insert(0, str(REPO / "tests"))
-    from test_trainer_step import _seeded_tiny_model
+    from tests.helpers.trainer import seeded_tiny_model
 
-    init = dict(_seeded_tiny_model().named_parameters())
+    init = dict(seeded_tiny_model().named_parameters())
     d1, d2 = (torch.cat([(run["pushed"][2][n].float() - p.detach()).flatten()
                          for n, p in init.items()]) for run in (one, two))
     cosine = torch.nn.functional.cosine_similarity(d1, d2, dim=0).item()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.trainer import make_trainer, random_microbatch, small_qwen3
 from trainer.forward import microbatch_logprobs
 from trainer.loss import chunked_token_logprobs, token_logprobs
 from trainer.memory import (
@@ -27,29 +28,8 @@ from trainer.memory import (
     main,
 )
 from trainer.model_init import enable_gradient_checkpointing
-from trainer.packing import MicroBatch
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _small_qwen3(layers: int = 2, vocab: int = 1000, hidden: int = 128, inter: int = 384):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=hidden // 4, tie_word_embeddings=True)
-    return Qwen3ForCausalLM(cfg).float()
-
-
-def _mb(n: int, vocab: int, seed: int = 0) -> MicroBatch:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (1, n), generator=g)
-    idx = torch.arange(n - 1)
-    return MicroBatch(input_ids=ids, position_ids=torch.arange(n)[None], logit_index=idx,
-                      target_ids=ids[0, 1:], behaviour_logprobs=torch.zeros(n - 1),
-                      advantages=torch.zeros(n - 1), token_weight=torch.ones(n - 1), n_rows=1,
-                      n_tokens=n)
 
 
 def _grads(model, mb, chunk: int, weights: torch.Tensor):
@@ -82,8 +62,8 @@ def test_chunked_logprobs_equal_dense_ones_with_their_gradients(chunk):
 
 
 def test_the_model_path_with_chunks_gives_the_dense_paths_logprobs_and_gradients():
-    model = _small_qwen3()
-    mb = _mb(96, 1000)
+    model = small_qwen3()
+    mb = random_microbatch(96, 1000)
     w = torch.randn(95, generator=torch.Generator().manual_seed(1))
     dense_lp, dense_ent, dense = _grads(model, mb, 0, w)
     lp, ent, chunked = _grads(model, mb, 16, w)
@@ -102,8 +82,8 @@ def test_chunks_refuse_a_bad_size_and_a_biased_head():
 
 # --- activation checkpointing ----------------------------------------------------------------------
 def test_checkpointing_each_layer_gives_the_same_gradients():
-    model = _small_qwen3(layers=3)
-    mb = _mb(64, 1000)
+    model = small_qwen3(layers=3)
+    mb = random_microbatch(64, 1000)
     w = torch.randn(63, generator=torch.Generator().manual_seed(2))
     _, _, plain = _grads(model, mb, 16, w)
     on, why = enable_gradient_checkpointing(model, True, torch.device("cpu"))
@@ -115,7 +95,7 @@ def test_checkpointing_each_layer_gives_the_same_gradients():
 
 
 def test_checkpointing_auto_is_on_for_cuda_and_off_for_cpu():
-    model = _small_qwen3(layers=1)
+    model = small_qwen3(layers=1)
     assert enable_gradient_checkpointing(model, "auto", torch.device("cpu"))[0] is False
     assert not model.model.layers[0].gradient_checkpointing
     assert enable_gradient_checkpointing(model, "auto", torch.device("cuda", 0))[0] is True
@@ -151,9 +131,9 @@ def _saved_bytes(model, n: int) -> int:
 def test_saved_activations_per_layer_match_the_calculator(dtype, b):
     # The difference between a 4- and a 2-layer model is 2 layers' worth, whatever is outside.
     n = 256
-    two, four = (_saved_bytes(_small_qwen3(layers=k).to(dtype).train(), n) for k in (2, 4))
+    two, four = (_saved_bytes(small_qwen3(layers=k).to(dtype).train(), n) for k in (2, 4))
     measured = (four - two) / 2 / n  # bytes per token per layer
-    shape = ModelShape.from_config(_small_qwen3(layers=1).config)
+    shape = ModelShape.from_config(small_qwen3(layers=1).config)
     predicted = layer_activation_bytes(shape, b)
     # measured 12336 (fp32) and 7088 (bf16) against 12560 and 7184
     assert measured == pytest.approx(predicted, rel=0.03), (measured, predicted)
@@ -163,14 +143,14 @@ def test_saved_activations_per_layer_match_the_calculator(dtype, b):
 
 PEAK_SCRIPT = r"""
 import json, sys, torch
-sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
-from test_trainer_memory import _mb, _small_qwen3
+sys.path.insert(0, {repo!r})
+from tests.helpers.trainer import random_microbatch, small_qwen3
 from trainer.forward import microbatch_logprobs
 from trainer.model_init import enable_gradient_checkpointing
 torch.set_num_threads(1)
-model = _small_qwen3(layers=4, vocab=2000, hidden=256, inter=768)
+model = small_qwen3(layers=4, vocab=2000, hidden=256, inter=768)
 enable_gradient_checkpointing(model, {ckpt!r}, torch.device("cpu"))
-mb = _mb({n}, 2000)
+mb = random_microbatch({n}, 2000)
 def rss(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
@@ -195,7 +175,7 @@ def test_the_peak_of_a_forward_and_backward_matches_the_calculator(tmp_path, ckp
         pytest.skip("needs Linux /proc/self/clear_refs to reset the peak RSS")
     n, chunk = 2048, 512
     script = tmp_path / "peak.py"
-    script.write_text(PEAK_SCRIPT.format(repo=str(REPO), tests=str(REPO / "tests"), ckpt=ckpt,
+    script.write_text(PEAK_SCRIPT.format(repo=str(REPO), ckpt=ckpt,
                                          n=n, chunk=chunk))
     # A fixed mmap threshold: glibc then returns every large block to the OS when it is freed,
     # so the resident peak follows the live tensors (its dynamic threshold keeps freed blocks).
@@ -204,7 +184,7 @@ def test_the_peak_of_a_forward_and_backward_matches_the_calculator(tmp_path, ckp
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     peak = json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
-    shape = ModelShape.from_config(_small_qwen3(layers=4, vocab=2000, hidden=256,
+    shape = ModelShape.from_config(small_qwen3(layers=4, vocab=2000, hidden=256,
                                                 inter=768).config)
     e = estimate(shape, world=1, tokens=n, checkpointing=ckpt, b=4, logits_chunk=chunk)
     # One process: parameters and AdamW state exist before the measured step, nothing is
@@ -238,14 +218,13 @@ def test_the_table_covers_qwen3_4b_8b_32b_and_their_real_parameter_counts(capsys
 
 # --- the reference model ---------------------------------------------------------------------------
 def test_the_reference_model_is_a_frozen_compute_dtype_copy_and_a_step_runs(tmp_path):
-    from tests.test_trainer_step import _trainer
     from trainer.fakes import synthetic_trace
     from trainer.loop import StepInput, run_step
     from trainer.rows import trace_to_rows
 
-    model = _small_qwen3(layers=2, vocab=500)
+    model = small_qwen3(layers=2, vocab=500)
     initial = model.model.layers[0].mlp.up_proj.weight.detach().clone()
-    trainer = _trainer(model, tmp_path, beta=0.1, dtype="bfloat16")
+    trainer = make_trainer(model, tmp_path, beta=0.1, dtype="bfloat16")
     ref = trainer.ref_model
     assert ref is not trainer.model and not any(p.requires_grad for p in ref.parameters())
     assert {p.dtype for p in ref.parameters()} == {torch.bfloat16}
@@ -265,8 +244,8 @@ def test_a_deep_copy_of_a_used_model_runs_its_own_weights_not_the_originals():
     # made) must not keep calling the original's.
     import copy
 
-    model = _small_qwen3(layers=1)
-    mb = _mb(16, 1000)
+    model = small_qwen3(layers=1)
+    mb = random_microbatch(16, 1000)
     with torch.no_grad():
         before, _ = microbatch_logprobs(model, mb, 1.0)
         twin = copy.deepcopy(model)

@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from tests.test_trainer_step import _seeded_tiny_model
+from tests.helpers.trainer import seeded_tiny_model
 from trainer.advantages import group_advantages
 from trainer.config import AsyncGRPOConfig
 from trainer.fakes import ReplaySource, synthetic_trace
@@ -52,7 +52,7 @@ def _trainer(tmp_path, dtype: str, lr: float, **kw) -> HarnessAsyncGRPOTrainer:
     args = AsyncGRPOConfig(num_generations=2, max_steps=1, learning_rate=lr, dtype=dtype,
                            output_dir=str(tmp_path / dtype), report_to="none")
     source = ReplaySource(lambda s, k: None, lambda s, k: None)
-    return HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: source, args, **kw)
+    return HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: source, args, **kw)
 
 
 def _one_step_delta(tmp_path, dtype: str) -> tuple[torch.Tensor, HarnessAsyncGRPOTrainer]:

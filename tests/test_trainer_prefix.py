@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import trainer.tree_attention as tree_attention
+from tests.helpers.trainer import prefix_tiny_model
 from trainer.config import AsyncGRPOConfig
 from trainer.fakes import ReplaySource, make_trace, make_turn
 from trainer.forward import microbatch_logprobs
@@ -30,16 +31,6 @@ from trainer.rows import Row, trace_to_rows
 from trainer.tree_attention import tree_backward
 
 VOCAB = 512
-
-
-def _tiny_model() -> torch.nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, max_position_embeddings=2048, tie_word_embeddings=True)
-    return Qwen3ForCausalLM(cfg).float()
 
 
 def _toks(rng: random.Random, n: int) -> list[int]:
@@ -153,7 +144,7 @@ def test_tree_attention_is_each_rows_causal_attention():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_gradients_equal_per_row_training_over_random_trees(seed):
-    model = _tiny_model()
+    model = prefix_tiny_model()
     rows, adv = _random_step(seed)
     ref = _grads(model, _per_row_mbs(rows, adv))
     (mbs,), stats = pack_tree(rows, [r.loss_mask for r in rows], adv, budget=100_000)
@@ -167,7 +158,7 @@ def test_gradients_equal_when_the_tree_is_split_and_attention_chunked(monkeypatc
     prompt) is forwarded once and its keys and values carried, with their gradient, to the
     others; a tiny Q_CHUNK splits segments into query chunks and batches siblings together."""
     monkeypatch.setattr(tree_attention, "Q_CHUNK", 7)
-    model = _tiny_model()
+    model = prefix_tiny_model()
     for seed in (10, 3):
         rows, adv = _random_step(seed)
         ref = _grads(model, _per_row_mbs(rows, adv))
@@ -192,7 +183,7 @@ def test_rows_that_are_all_trunk_train_in_the_trunks_pack():
     (mbs,), stats = pack_tree(rows, [r.loss_mask for r in rows], adv, budget=40)
     assert [mb.tree.role for mb in mbs] == ["out"] + ["in"] * 4
     assert all(mb.n_tokens == 20 for mb in mbs[1:]) and stats.carried_tokens == 30
-    model = _tiny_model()
+    model = prefix_tiny_model()
     _assert_same(_grads(model, _per_row_mbs(rows, adv)), _grads(model, mbs))
 
 
@@ -250,7 +241,7 @@ def test_a_trainer_step_is_the_same_with_and_without_sharing(tmp_path):
     metrics = {}
     source = ReplaySource(lambda s, k: None, lambda s, k: None)
     for sharing in (False, True):
-        model = _tiny_model()
+        model = prefix_tiny_model()
         args = AsyncGRPOConfig(num_generations=2, max_steps=1, learning_rate=1e-2,
                                output_dir=str(tmp_path / str(sharing)), report_to="none",
                                prefix_sharing=sharing, max_grad_norm=None)
@@ -279,7 +270,7 @@ def test_a_carried_trunk_trains_the_same_through_the_trainer_with_a_reference_mo
                                output_dir=str(tmp_path / str(sharing)), report_to="none",
                                prefix_sharing=sharing, max_grad_norm=None,
                                max_tokens_per_microbatch=60)
-        trainer = HarnessAsyncGRPOTrainer(_tiny_model(), lambda sampling: source, args)
+        trainer = HarnessAsyncGRPOTrainer(prefix_tiny_model(), lambda sampling: source, args)
         with torch.no_grad():  # a reference that differs from the policy, so a mix-up shows
             for p in trainer.ref_model.parameters():
                 p.mul_(0.9)
@@ -316,7 +307,7 @@ def test_prefix_sharing_must_be_a_bool():
 TWO_RANKS = """
 import json, random, sys, torch.distributed as dist
 sys.path.insert(0, {repo!r})
-from tests.test_trainer_prefix import _tiny_model
+from tests.helpers.trainer import prefix_tiny_model
 from trainer.config import AsyncGRPOConfig
 from trainer.fakes import ReplaySource, make_trace, make_turn
 from trainer.grpo import HarnessAsyncGRPOTrainer
@@ -336,7 +327,7 @@ args = AsyncGRPOConfig(num_generations=4, groups_per_step=2, max_steps=2, learni
                        max_tokens_per_microbatch=64, output_dir={out!r}, report_to="none",
                        dist_timeout_s=120, prefix_sharing={sharing!r})
 source = ReplaySource(trace, lambda s, k: float(k % 2))
-history = HarnessAsyncGRPOTrainer(_tiny_model(), lambda sampling: source, args).train()
+history = HarnessAsyncGRPOTrainer(prefix_tiny_model(), lambda sampling: source, args).train()
 if dist.get_rank() == 0:
     print("HISTORY", json.dumps(history))
 dist.destroy_process_group()

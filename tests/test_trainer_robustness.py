@@ -19,7 +19,7 @@ import threading
 import pytest
 import torch
 
-from tests.test_trainer_step import _seeded_tiny_model, _source
+from tests.helpers.trainer import replay_source, seeded_tiny_model
 from trainer.checkpoint import load_checkpoint
 from trainer.config import AsyncGRPOConfig
 from trainer.distributed import placement
@@ -46,7 +46,7 @@ def test_an_empty_or_unsized_train_dataset_is_refused_before_the_model_loads(tmp
             raise AssertionError("the model was touched before the dataset was checked")
 
     with pytest.raises(ConfigError, match=message):
-        HarnessAsyncGRPOTrainer(NeverLoaded(), lambda sampling: _source(), _args(tmp_path),
+        HarnessAsyncGRPOTrainer(NeverLoaded(), lambda sampling: replay_source(), _args(tmp_path),
                                 train_dataset=dataset)
 
 
@@ -67,7 +67,7 @@ class _BrokenAt:
 
 def test_a_train_dataset_that_raises_stops_the_run_at_once_naming_the_item(tmp_path):
     # In the dataset's order, group 1 (trained in step 2 of 2) reads the broken item.
-    trainer = HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: _source(),
+    trainer = HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: replay_source(),
                                       _args(tmp_path, shuffle_dataset=False),
                                       train_dataset=_BrokenAt(1))
     outcome: list[BaseException | None] = []
@@ -154,7 +154,7 @@ def test_cuda_ranks_get_nccl_for_gpu_tensors_and_gloo_for_objects_cpu_ranks_gloo
 
 # --- checkpoints are checked on load ----------------------------------------------------------------------
 def _saved(tmp_path):
-    trainer = HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: _source(),
+    trainer = HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: replay_source(),
                                       _args(tmp_path, max_steps=1))
     trainer.train()
     return trainer, tmp_path / "checkpoint-1"
@@ -180,7 +180,7 @@ def test_a_checkpoint_from_another_world_size_loads_with_a_warning(tmp_path, cap
     blob = torch.load(path / "trainer_state.pt", weights_only=False)
     blob["world_size"] = 4
     torch.save(blob, path / "trainer_state.pt")
-    model = _seeded_tiny_model()
+    model = seeded_tiny_model()
     with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
         state = load_checkpoint(path, model=model, optimizer=torch.optim.AdamW(model.parameters()),
                                 scheduler=None, dist_info=trainer.dist)
@@ -199,7 +199,7 @@ def test_a_checkpoint_without_a_valid_world_size_is_refused(tmp_path, edit, mess
     blob = torch.load(path / "trainer_state.pt", weights_only=False)
     edit(blob)
     torch.save(blob, path / "trainer_state.pt")
-    model = _seeded_tiny_model()
+    model = seeded_tiny_model()
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(path, model=model, optimizer=torch.optim.AdamW(model.parameters()),
                         scheduler=None, dist_info=trainer.dist)

@@ -16,12 +16,12 @@ import json
 
 import pytest
 
-from tests.torchrun_helpers import run_ranks
+from tests.helpers.ranks import run_ranks
 
 SCRIPT = """
 import json, os, time
 import torch.distributed as dist
-from test_trainer_step import _seeded_tiny_model, _source
+from tests.helpers.trainer import replay_source, seeded_tiny_model
 from trainer.config import AsyncGRPOConfig
 from harness.train import join_ranks
 from trainer.grpo import HarnessAsyncGRPOTrainer
@@ -37,7 +37,7 @@ if rank == 0:
     while time.monotonic() - t0 < LATE_S:
         n += sum(range(1000))
     open(OUT + "/late_s", "w").write(repr(time.monotonic() - t0))
-trainer = HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: _source(), args)
+trainer = HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: replay_source(), args)
 history = trainer.train()
 if rank == 0:
     json.dump(history, open(OUT + "/history.json", "w"))

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.waiting import until, wait_until
+from tests.helpers.trainer import make_trainer, replay_source, seeded_tiny_model
+from tests.helpers.waiting import until, wait_until
 from trainer.config import AsyncGRPOConfig
 from trainer.errors import CaptureError
 from trainer.fakes import ReplaySource, make_trace, make_turn, synthetic_trace
@@ -33,40 +34,14 @@ from trainer.rows import trace_to_rows
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _seeded_tiny_model():
-    """The tiny model's architecture with weights from torch.manual_seed(0): a pinned value
-    must not move when launchers/tiny_model.py changes how it builds or warms its weights."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                      head_dim=32, max_position_embeddings=1024, tie_word_embeddings=True)
-    return Qwen3ForCausalLM(cfg).float()
-
-
-def _trainer(model, tmp_path, source=None, **cfg) -> HarnessAsyncGRPOTrainer:
-    args = AsyncGRPOConfig(**{"num_generations": 2, "max_steps": 1, "learning_rate": 1e-2,
-                              "output_dir": str(tmp_path), "report_to": "none", **cfg})
-    source = source or ReplaySource(lambda s, k: None, lambda s, k: None)
-    return HarnessAsyncGRPOTrainer(model, lambda sampling: source, args)
-
-
-def _source(vocab: int = 500) -> ReplaySource:
-    return ReplaySource(
-        lambda s, k: synthetic_trace(random.Random(100 * s + k), vocab=vocab, prompt_len=12,
-                                     completion_len=6, tool_len=4),
-        lambda s, k: float(k % 2))
-
-
 def test_a_step_raises_positive_advantage_tokens_and_lowers_negative_ones(tmp_path):
-    model = _seeded_tiny_model()
+    model = seeded_tiny_model()
     good = trace_to_rows(make_trace(make_turn([5, 6, 7], [40, 41, 42], node_id="g")))[0]
     bad = trace_to_rows(make_trace(make_turn([5, 6, 7], [90, 91, 92], node_id="b")))[0]
     before = row_logprobs(model, good + bad, temperature=1.0)
     for row, lps in zip(good + bad, before, strict=True):  # behaviour = current policy: r = 1
         row.behaviour_logprobs[-3:] = lps
-    trainer = _trainer(model, tmp_path, learning_rate=1e-2)
+    trainer = make_trainer(model, tmp_path, learning_rate=1e-2)
     metrics = run_step(trainer, StepInput(rows=good + bad, advantages=[1.0, -1.0]))
     after = row_logprobs(model, good + bad, temperature=1.0)
     assert metrics["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
@@ -76,8 +51,8 @@ def test_a_step_raises_positive_advantage_tokens_and_lowers_negative_ones(tmp_pa
 
 
 def test_none_and_zero_variance_groups_produce_no_gradient_and_no_update(tmp_path):
-    model = _seeded_tiny_model()
-    trainer = _trainer(model, tmp_path)
+    model = seeded_tiny_model()
+    trainer = make_trainer(model, tmp_path)
     trace = synthetic_trace(random.Random(0), vocab=500)
     unscorable = [Rollout(cause="ok", trace=trace, env_reward=None)] * 2
     flat = [Rollout(cause="ok", trace=trace, env_reward=1.0)] * 2
@@ -92,7 +67,7 @@ def test_none_and_zero_variance_groups_produce_no_gradient_and_no_update(tmp_pat
 
 
 def test_the_first_step_loss_of_a_cpu_end_to_end_run_is_pinned(tmp_path):
-    trainer = _trainer(_seeded_tiny_model(), tmp_path, source=_source(), num_generations=4,
+    trainer = make_trainer(seeded_tiny_model(), tmp_path, source=replay_source(), num_generations=4,
                        max_steps=2, learning_rate=1e-3, report_to="jsonl")
     history = trainer.train()
     # Synthetic traces (behaviour logprobs drawn in [-9, -0.5]) against seeded weights: the
@@ -107,7 +82,7 @@ def test_the_first_step_loss_of_a_cpu_end_to_end_run_is_pinned(tmp_path):
 def test_the_progress_line_names_each_number_once_and_says_what_it_is(tmp_path):
     from trainer.metrics import HEADLINE, headline
 
-    trainer = _trainer(_seeded_tiny_model(), tmp_path, source=_source(), num_generations=4,
+    trainer = make_trainer(seeded_tiny_model(), tmp_path, source=replay_source(), num_generations=4,
                        max_steps=1, learning_rate=1e-3)
     (metrics,) = trainer.train()  # a real step's metrics dict
     assert set(HEADLINE) <= set(metrics), set(HEADLINE) - set(metrics)
@@ -122,7 +97,7 @@ def test_a_malformed_capture_stops_training_with_capture_error(tmp_path):
     bad = {"turns": [{"node_id": "x", "prompt_token_ids": [1], "completion_token_ids": [2, 3],
                       "per_token_logps": [-1.0], "loss_mask": [0, 1, 1]}]}
     source = ReplaySource(lambda s, k: bad, lambda s, k: float(k))
-    trainer = _trainer(_seeded_tiny_model(), tmp_path, source=source)
+    trainer = make_trainer(seeded_tiny_model(), tmp_path, source=source)
     with pytest.raises(CaptureError, match="logprob_misalign"):
         trainer.train()
 
@@ -209,7 +184,7 @@ def test_each_epoch_visits_every_task_once_in_an_order_the_seed_chooses():
 
 def test_the_trainer_shuffles_its_dataset_by_seed_unless_told_not_to(tmp_path):
     def trained(**cfg) -> list[str | None]:
-        source = _source()
+        source = replay_source()
         tasks: list = []
         replay = source.rollout
 
@@ -221,7 +196,7 @@ def test_the_trainer_shuffles_its_dataset_by_seed_unless_told_not_to(tmp_path):
         args = AsyncGRPOConfig(**{"num_generations": 2, "max_steps": 4, "learning_rate": 1e-3,
                                   "output_dir": str(tmp_path / str(cfg)), "report_to": "none",
                                   "max_staleness": 0, **cfg})
-        HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: source, args,
+        HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: source, args,
                                 train_dataset=[f"t{i}" for i in range(4)]).train()
         return tasks[::2]  # one task a group (both its rollouts share it)
 
@@ -232,11 +207,11 @@ def test_the_trainer_shuffles_its_dataset_by_seed_unless_told_not_to(tmp_path):
 
 _KILLED_RUN = """
 import random, sys, time
-sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
-from test_trainer_step import _seeded_tiny_model, _source
+sys.path.insert(0, {repo!r})
+from tests.helpers.trainer import replay_source, seeded_tiny_model
 from trainer.config import AsyncGRPOConfig
 from trainer.grpo import HarnessAsyncGRPOTrainer
-src = _source()
+src = replay_source()
 slow = src.rollout
 async def rollout(task=None, seed=None, episode_id=None):
     if seed >= 3:
@@ -245,13 +220,13 @@ async def rollout(task=None, seed=None, episode_id=None):
 src.rollout = rollout
 args = AsyncGRPOConfig(num_generations=2, max_steps=6, learning_rate=1e-2, save_steps=1,
                        output_dir={out!r}, report_to="none", save_total_limit=None)
-HarnessAsyncGRPOTrainer(_seeded_tiny_model(), lambda sampling: src, args).train()
+HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: src, args).train()
 """
 
 
 def test_resume_after_a_kill_reproduces_the_data_position_and_the_weights(tmp_path):
     out = tmp_path / "killed"
-    script = _KILLED_RUN.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(out))
+    script = _KILLED_RUN.format(repo=str(REPO), out=str(out))
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     def at_checkpoint_3() -> bool:
@@ -266,14 +241,14 @@ def test_resume_after_a_kill_reproduces_the_data_position_and_the_weights(tmp_pa
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    resumed = _trainer(_seeded_tiny_model(), out, source=_source(), max_steps=5,
+    resumed = make_trainer(seeded_tiny_model(), out, source=replay_source(), max_steps=5,
                        save_steps=1, resume_from_checkpoint=True)
     assert (resumed.state.step, resumed.state.next_group_index) == (3, 3)
     pushed: list[int] = []
     resumed.weight_sync = type("Sync", (), {"push": lambda self, m, v: pushed.append(v)})()
     tail = resumed.train()
     assert pushed == [3, 4, 5]  # the checkpoint's weights reach the engine before any rollout
-    straight = _trainer(_seeded_tiny_model(), tmp_path / "straight", source=_source(),
+    straight = make_trainer(seeded_tiny_model(), tmp_path / "straight", source=replay_source(),
                         max_steps=5)
     full = straight.train()
     assert [h["data/first_group"] for h in tail] == [3.0, 4.0]

@@ -5,7 +5,7 @@ Run: .venv/bin/python -m pytest tests/test_view_browser.py -q -s
 A real `harness.train` (1 step, one group of 2 rollouts of the bundled hello-file task) and a real
 `harness.eval` (2 rollouts) run through the real capture proxy, bubblewrap sandboxes,
 mini-swe-agent, the task's verifier and the trainer (the tiny model, one GRPO step); only the
-engine is scripted (tests/scripted_engine.py: vLLM's wire shape with the tiny model's real
+engine is scripted (harness/audit/scripted_engine.py: vLLM's wire shape with the tiny model's real
 tokenizer), so what the page must show does not depend on what a 2-layer model samples. In the
 train run one rollout of the group solves the task and the other only talks (no tool call), so
 the group has two rewards and a real advantage each; in the eval run both solve (the "after").
@@ -35,57 +35,23 @@ import io
 import json
 import os
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
+from harness.audit.scripted_engine import ScriptedEngine
 from harness.eval import pass_rate_table
 from harness.learning import before_after_table
 from harness.view.browser import Browser, chromium_path
 from harness.view.data import RunData
 from harness.view.server import ViewServer
-from tests.scripted_engine import ScriptedEngine, tool_call
+from tests.helpers.policies import TASK_DIR, GreetingPolicy
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 
-TASK_DIR = Path(__file__).resolve().parents[1] / "harness" / "tasks" / "bundled" / "hello-file"
-SOLVE = "printf 'Hello, Harness!\\n' > greeting.txt && echo wrote-greeting"
-SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-TALK = "I would describe the greeting file instead of writing it."
-DONE = "Done: greeting.txt holds the greeting."
 SERIES_RGB = (75, 123, 236)  # app.js LANES[0], the first series' stroke
-
-
-class Policy:
-    """Each rollout's first call (system + task only) decides its line: even ones solve, odd
-    ones only talk (when `talkers`), so a group of two has one of each. mini-swe-agent answers a
-    reply without a tool call by resending system + task + a "No tool calls found" message (the
-    reply itself dropped: a rewritten history), so a request with more than the first two
-    messages and no assistant message is a talker's retry."""
-
-    def __init__(self, talkers: bool):
-        self.talkers = talkers
-        self.first_calls = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, request: dict[str, Any]) -> str:
-        if not request.get("tools"):  # an aux call (a title): not a rollout's first call
-            return "Greeting file"
-        messages = request.get("messages") or []
-        if not any(m.get("role") == "assistant" for m in messages):
-            if len(messages) > 2:
-                return TALK
-            with self._lock:
-                k, self.first_calls = self.first_calls, self.first_calls + 1
-            return TALK if self.talkers and k % 2 else tool_call("bash", command=SOLVE)
-        if not any(m.get("role") == "tool" for m in messages):
-            return tool_call("bash", command=SOLVE)
-        if "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in json.dumps(messages[:2]):
-            return tool_call("bash", command=SUBMIT)  # mini-swe-agent stops on its submit command
-        return DONE
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +73,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
               "max_tokens": 256, "max_agent_steps": 3, "agent_timeout_s": 180.0,
               "max_concurrent_rollouts": 2}
     quiet = Console(file=io.StringIO(), width=200)
-    with ScriptedEngine(model, Policy(talkers=True)) as engine:
+    with ScriptedEngine(model, GreetingPolicy(talkers=True)) as engine:
         run_training(RunSettings(**common, engine_url=engine.url, weight_sync=False, steps=1,
                                  num_generations=2, output_dir=str(root / "train")), quiet)
-        engine.script = Policy(talkers=False)
+        engine.script = GreetingPolicy(talkers=False)
         run_eval(RunSettings(**common, engine_url=engine.url, rollouts_per_task=2,
                              output_dir=str(root / "eval")), quiet)
         assert not engine.errors, engine.errors

@@ -60,7 +60,7 @@ def _word_ranks(model_dir: Path) -> list[int]:
     forced, so nothing sampled: the same number on every run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.scripted_engine import tool_call
+    from harness.audit.scripted_engine import tool_call
 
     fixture = FIXTURES / "dialects" / "mini" / "00_chat.json"
     body = json.loads(fixture.read_text())["body"]

@@ -159,6 +159,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "the exec-only backends' reset helper signals no process",
     ),
     Mutant(
+        "grader_env_keeps_the_agents_home",
+        "harness/sandboxes/grading_state.py",
+        '    "HOME": GRADING_HOME,\n    "PYTHONPATH": GRADER_PYTHON_DIR,\n'
+        '    "PYTHONNOUSERSITE": "1",\n',
+        '    "PYTHONPATH": GRADER_PYTHON_DIR,\n',
+        (
+            "tests/test_sandbox_grading.py::"
+            "test_harbor_trial_a_usercustomize_for_the_graders_python_earns_nothing",
+        ),
+        "the grader runs with the agent's HOME and user site (a usercustomize.py it left runs)",
+    ),
+    Mutant(
         "nested_prompt_ids_fallback_removed",
         "capture/upstream.py",
         '    if reply.get("prompt_token_ids", 0) is not None:\n',

@@ -3,7 +3,7 @@ latency per rollout, and the concurrency one service sustains before that overhe
 
     PYTHONPATH=. .venv/bin/python bench/service/bench.py [--n 8] [--concurrency 1 2 4 8]
 
-The engine is tests/scripted_engine.py (instant replies, vLLM's wire shape, the tiny model's
+The engine is harness/audit/scripted_engine.py (instant replies, vLLM's wire shape, the tiny model's
 tokenizer): the model solves hello-file in two calls (the solving command, then mini-swe-agent's
 submit), so every rollout is the same real one: bubblewrap sandbox, capture proxy, the
 mini-swe-agent CLI, Harbor's verifier, the TrainingTrace, teardown. Each service is a
@@ -32,11 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.audit.scripted_engine import ScriptedEngine, shell_task
 from harness.remote import RemoteSessionFactory
 from harness.tasks import BUNDLED_DIR
 from launchers.tiny_model import build_tiny_model
-from tests.scripted_engine import ScriptedEngine, shell_task
-from tests.service_helpers import start_service
+from tests.helpers.service import start_service
 
 SOLVE = "printf 'Hello, Harness!\\n' > /app/greeting.txt"
 SCRIPT = shell_task(SOLVE, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", final="Done.")

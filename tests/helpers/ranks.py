@@ -12,17 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = REPO / "tests"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_ranks(script: str, out: Path, nproc: int = 2, timeout: float = 400) -> tuple[int, str]:
     """Write `script` to out/run.py and run it on `nproc` ranks; (exit code, stdout + stderr).
 
-    The script gets REPO and TESTS on sys.path (a header is prepended) and OUT as a string."""
+    The script gets REPO on sys.path (a header is prepended) and OUT as a string."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "run.py"
-    header = (f"import sys\nsys.path.insert(0, {str(REPO)!r}); sys.path.insert(0, {str(TESTS)!r})\n"
+    header = (f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
               f"OUT = {str(out)!r}\n")
     path.write_text(header + script)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

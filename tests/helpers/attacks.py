@@ -7,16 +7,28 @@ removed. Here the verifier's test command waits until the race is settled: eithe
 reset killed the agent's processes (its evidence, `killed >= 1`), or the daemon has rewritten the
 tests (the file carries `REWRITTEN`). So with the reset in place the grade is fair, and without
 it the attack wins every time.
+
+`RecordingEnvironment` is the local environment, remembered by its trial dir: after Harbor's
+Trial is done with it, a test reads its grading resets (what was killed, what evidence was
+found) and so asserts that the attack acted and the defence saw it before trusting the grade.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 from harness.sandboxes.bwrap import BwrapEnvironment
-from tests.waiting import until
+from tests.helpers.waiting import until
 
-__all__ = ["REWRITING_DAEMON", "REWRITTEN", "AttackFirstEnvironment", "attack_first_backend"]
+__all__ = [
+    "REWRITING_DAEMON",
+    "REWRITTEN",
+    "AttackFirstEnvironment",
+    "RecordingEnvironment",
+    "attack_first_backend",
+    "local_backend",
+]
 
 REWRITTEN = "# REWRITTEN-BY-DAEMON"
 
@@ -29,7 +41,24 @@ REWRITING_DAEMON = (
 )
 
 
-class AttackFirstEnvironment(BwrapEnvironment):
+class RecordingEnvironment(BwrapEnvironment):
+    """The local environment, kept in `made` by its trial dir (module docstring)."""
+
+    made: ClassVar[dict[Path, RecordingEnvironment]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        RecordingEnvironment.made[Path(self.trial_paths.trial_dir).resolve()] = self
+
+    @classmethod
+    def of_trial(cls, trial_dir: Path) -> RecordingEnvironment:
+        """The environment Harbor made for the trial in `trial_dir`."""
+        made = cls.made.get(Path(trial_dir).resolve())
+        assert made is not None, f"no {cls.__name__} was made for {trial_dir}"
+        return made
+
+
+class AttackFirstEnvironment(RecordingEnvironment):
     """The local environment, except that the verifier's test command runs only once the grading
     reset killed the agent's processes or the daemon rewrote the tests (module docstring)."""
 
@@ -48,18 +77,19 @@ class AttackFirstEnvironment(BwrapEnvironment):
         return await super().exec(command, *args, **kwargs)
 
 
-def attack_first_backend() -> Any:
-    """A `sandbox=` for HarborSessionFactory: the local sandbox as AttackFirstEnvironment."""
+def local_backend(environment: type[BwrapEnvironment] = RecordingEnvironment) -> Any:
+    """A `sandbox=` for HarborSessionFactory: the local sandbox (as harness.factory builds it
+    for "local") made as `environment`, a subclass of the local environment."""
     from harbor.models.trial.paths import TrialPaths
 
     from harness.sandboxes.ports import sandbox_url
     from harness.session import SandboxBackend
 
-    def make(request: Any) -> AttackFirstEnvironment:
+    def make(request: Any) -> BwrapEnvironment:
         task = request.task
         paths = TrialPaths(request.trial_dir)
         paths.mkdir()
-        return AttackFirstEnvironment(
+        return environment(
             environment_dir=task.paths.environment_dir,
             environment_name=task.short_name,
             session_id=request.name,
@@ -70,3 +100,8 @@ def attack_first_backend() -> Any:
         )
 
     return SandboxBackend(make=make, agent_url=sandbox_url)
+
+
+def attack_first_backend() -> Any:
+    """A `sandbox=` for HarborSessionFactory: the local sandbox as AttackFirstEnvironment."""
+    return local_backend(AttackFirstEnvironment)
