@@ -33,7 +33,7 @@ from harness.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
 from harness.run_records import RecordingFactory
 from harness.stack import RunStack
 
-__all__ = ["main", "pass_rate_table", "run_eval"]
+__all__ = ["eval_rollouts", "main", "pass_rate_table", "run_eval"]
 
 PASS_THRESHOLD = 1.0
 
@@ -65,8 +65,15 @@ def pass_rate_table(records: list[dict]) -> tuple[Table, dict]:
 
 
 async def _rollouts(factory: RecordingFactory, n_tasks: int, per_task: int) -> None:
-    # seed k picks task k % n_tasks: one seed per (task, repeat).
-    await asyncio.gather(*(factory.rollout(seed=t) for _ in range(per_task) for t in range(n_tasks)))
+    await asyncio.gather(*(factory.rollout(seed=seed, episode_id=episode_id)
+                           for seed, episode_id in eval_rollouts(n_tasks, per_task)))
+
+
+def eval_rollouts(n_tasks: int, per_task: int) -> list[tuple[int, str]]:
+    """(seed, episode_id) of every evaluation rollout: seed r * n_tasks + t picks task t (seed k:
+    task k % n_tasks) for repeat r, and the name `t{t}-r{r}` with it fixes the rollout's sampling
+    seed (harness.seeds) whatever order the rollouts run in."""
+    return [(r * n_tasks + t, f"t{t}-r{r}") for r in range(per_task) for t in range(n_tasks)]
 
 
 def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
@@ -87,7 +94,7 @@ def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
     console.print(f"[bold]view[/] python -m harness.view {run_dir}  (live while it runs)")
     tasks = load_tasks(settings.tasks, count=settings.task_count)
     sampling = {"temperature": settings.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-                "max_tokens": settings.max_tokens}
+                "max_tokens": settings.max_tokens, "seed": settings.seed}
     with RunStack(settings, run_dir, weight_transfer=False) as stack:
         factory = RecordingFactory(HarborSessionFactory(
             stack.proxy.admin_url, admin_key=stack.proxy.admin_key, split=tasks,

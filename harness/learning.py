@@ -37,7 +37,7 @@ from typing import Any
 
 from rich.table import Table
 
-from harness.eval import PASS_THRESHOLD, pass_rate_table
+from harness.eval import PASS_THRESHOLD, eval_rollouts, pass_rate_table
 from harness.run_config import RunSettings
 
 __all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "eval_task_problems",
@@ -120,10 +120,9 @@ def eval_task_problems(settings: RunSettings) -> list[str]:
 
 
 async def _gather(factory: Any, n_tasks: int, per_task: int) -> None:
-    # seed k picks task k % n_tasks (HarborSessionFactory): one seed per (task, repeat), the same
-    # seeds before and after.
-    await asyncio.gather(*(factory.rollout(seed=r * n_tasks + t)
-                           for r in range(per_task) for t in range(n_tasks)))
+    # One seed and name per (task, repeat), the same before and after (harness.eval.eval_rollouts).
+    await asyncio.gather(*(factory.rollout(seed=seed, episode_id=episode_id)
+                           for seed, episode_id in eval_rollouts(n_tasks, per_task)))
 
 
 def evaluate_split(make_factory: Any, settings: RunSettings, tasks: list, run_dir: Path,
@@ -140,7 +139,7 @@ def evaluate_split(make_factory: Any, settings: RunSettings, tasks: list, run_di
     # The trainer's policy (AsyncGRPOConfig.sampling), as harness.eval writes it: harness/ does
     # not import trainer/ outside harness/train.py.
     sampling = {"temperature": settings.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-                "max_tokens": settings.max_tokens}
+                "max_tokens": settings.max_tokens, "seed": settings.seed}
     out = run_dir / f"eval-{label}"
     factory = RecordingFactory(make_factory(tasks if split is None else split, sampling), out)
 

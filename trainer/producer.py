@@ -36,7 +36,6 @@ import asyncio
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,7 +204,9 @@ class RolloutProducer:
             self._changed.notify_all()
 
     async def _one(self, g: int, k: int, task: Any) -> Any:
-        episode = f"g{g}-r{k}-{uuid.uuid4().hex[:8]}"
+        # A name, not a uuid: the rollout's sampling seed is derived from it (harness.seeds), so
+        # a rerun with the same seed samples rollout k of group g alike.
+        episode = f"g{g}-r{k}"
         async with self._slots:
             self.in_flight += 1
             try:
