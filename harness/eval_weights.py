@@ -11,15 +11,17 @@ harness.run_records lists them per rollout (`weight_versions`); this module chec
     after    every call stamped with the last version the engine confirmed (the weight sync's)
 
 A rollout that made no engine call sampled nothing and passes. A call without a stamp fails: its
-weights are unknown. harness.train writes what it found into before_after.json (`weight_check`)
-and then exits non-zero with `EvaluationWeightsError`, after its records and summary are written.
+weights are unknown. harness.train has BeforeAfter.record_weights write both into
+before_after.json (`weight_versions`: per side, each rollout's task, name and versions;
+`weight_check`: what was expected and the problems), and exits 1 with `EvaluationWeightsError`
+once its records and summary are written.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EvaluationWeightsError", "rollout_versions", "weight_version_problems"]
+__all__ = ["EvaluationWeightsError", "rollout_versions", "weight_check", "weight_version_problems"]
 
 
 class EvaluationWeightsError(RuntimeError):
@@ -49,3 +51,14 @@ def weight_version_problems(rollouts: list[dict[str, Any]], expected: int, label
     return [f"eval {label}: {len(wrong)} of {len(rollouts)} rollouts sampled weight versions "
             f"{seen} where {expected} was expected (e.g. {first['task_id']} {first['episode_id']}: "
             f"{first['weight_versions']})"]
+
+
+def weight_check(summaries: dict[str, dict[str, Any]], last_version: int) -> dict[str, Any]:
+    """before_after.json's `weight_versions` and `weight_check` from the evaluation summaries
+    (harness.learning.evaluate_split's, each with its `rollouts`)."""
+    versions = {label: summaries[label]["rollouts"] for label in ("before", "after")}
+    problems = (weight_version_problems(versions["before"], 0, "before")
+                + weight_version_problems(versions["after"], last_version, "after"))
+    return {"weight_versions": versions,
+            "weight_check": {"before_expected": 0, "after_expected": last_version,
+                             "problems": problems}}

@@ -8,10 +8,7 @@ control) as its falsification check. This module holds the logic; `harness.train
     learning = BeforeAfter(settings, make_factory, run_dir, console)  # inside the RunStack
     learning.before()        # --eval-tasks at the engine's initial weights
     ...train...              # the weight sync pushes every step's weights into the same engine
-    learning.after(version)  # the same tasks and seeds; prints the table, writes before_after.json
-                             # with each rollout's weight versions (harness.eval_weights)
-    learning.check_weights() # raises if "before" sampled other than version 0, "after" other
-                             # than `version`
+    learning.after()         # the same tasks and seeds; prints the table, writes before_after.json
     learning.curve(history)  # every run: reward_curve.json + reward_curve.png
 
 `make_factory(split, sampling)` makes the session factory the evaluation runs on: in
@@ -41,11 +38,7 @@ from typing import Any
 from rich.table import Table
 
 from harness.eval import PASS_THRESHOLD, eval_rollouts, pass_rate_table
-from harness.eval_weights import (
-    EvaluationWeightsError,
-    rollout_versions,
-    weight_version_problems,
-)
+from harness.eval_weights import rollout_versions, weight_check
 from harness.run_config import RunSettings
 
 __all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "eval_task_problems",
@@ -68,7 +61,6 @@ class BeforeAfter:
 
             self.tasks = load_tasks(settings.eval_tasks)
         self.summaries: dict[str, dict] = {}
-        self.weight_problems: list[str] = []
 
     def _evaluate(self, label: str) -> None:
         if not self.tasks:
@@ -84,34 +76,29 @@ class BeforeAfter:
     def before(self) -> None:
         self._evaluate("before")
 
-    def after(self, last_version: int | None = None) -> dict | None:
-        """Evaluate again, print the table, write <run>/before_after.json; its data (or None).
+    def record_weights(self, last_version: int) -> list[str]:
+        """Add each evaluation rollout's weight versions, and their check against version 0
+        before and `last_version` after, to the before_after.json `after()` wrote; the problems
+        found ([] when none: harness.eval_weights raises EvaluationWeightsError with them)."""
+        path = self.run_dir / "before_after.json"
+        if not path.exists():
+            return []
+        data = json.loads(path.read_text())
+        data.update(weight_check(self.summaries, last_version))
+        path.write_text(json.dumps(data, indent=1))
+        return data["weight_check"]["problems"]
 
-        `last_version`: the last weight version the engine confirmed; given, every "before" call
-        must carry version 0 and every "after" call this one (harness.eval_weights), and what
-        is wrong is kept in `weight_problems` for `check_weights()`."""
+    def after(self) -> dict | None:
+        """Evaluate again, print the table, write <run>/before_after.json; its data (or None)."""
         self._evaluate("after")
         if "before" not in self.summaries or "after" not in self.summaries:
             return None
         table, data = before_after_table(self.summaries["before"], self.summaries["after"])
         data.update(eval_tasks=self.settings.eval_tasks,
                     shuffled_rewards=self.settings.shuffle_rewards, seed=self.settings.seed)
-        versions = {label: self.summaries[label]["rollouts"] for label in ("before", "after")}
-        if last_version is not None:
-            self.weight_problems = (weight_version_problems(versions["before"], 0, "before")
-                                    + weight_version_problems(versions["after"], last_version,
-                                                              "after"))
-            data["weight_check"] = {"before_expected": 0, "after_expected": last_version,
-                                    "problems": self.weight_problems}
-        data["weight_versions"] = versions
         (self.run_dir / "before_after.json").write_text(json.dumps(data, indent=1))
         self.console.print(table)
         return data
-
-    def check_weights(self) -> None:
-        """Raise EvaluationWeightsError if `after()` found calls of the wrong weights."""
-        if self.weight_problems:
-            raise EvaluationWeightsError(self.weight_problems)
 
     def curve(self, history: list[dict[str, float]]) -> None:
         _, png = write_reward_curve(self.run_dir, history, shuffled=self.settings.shuffle_rewards)
@@ -182,9 +169,9 @@ def evaluate_split(make_factory: Any, settings: RunSettings, tasks: list, run_di
         factory.close()
     _, summary = pass_rate_table(factory.records)
     summary["label"] = label
-    summary["rollouts"] = rollout_versions(factory.records)  # the weights each one sampled
     summary["causes"] = {c: sum(r["cause"] == c for r in factory.records)
                          for c in sorted({r["cause"] for r in factory.records})}
+    summary["rollouts"] = rollout_versions(factory.records)  # the weights each one sampled
     (out / "eval_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

@@ -280,9 +280,10 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
                 timings["training_s"] = time.perf_counter() - t0
                 for f in made:
                     f.close()
-            # The engine now serves the last pushed weights: the after side must sample them.
-            before_after = learning.after(last_version=None if weight_sync is None
-                                          else weight_sync.version or 0)
+            before_after = learning.after()  # the engine now serves the last pushed weights
+            # ...which the after side must have sampled, and the before side version 0.
+            weight_problems = [] if weight_sync is None else learning.record_weights(
+                weight_sync.version or 0)
         finally:
             if weight_sync is not None:
                 weight_sync.close()
@@ -312,7 +313,8 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         "output_dir": str(run_dir),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    learning.check_weights()  # after the records: a wrong-weights evaluation still leaves them
+    if weight_problems:  # after the records: a wrong-weights evaluation still leaves them
+        raise EvaluationWeightsError(weight_problems)
     console.print(f"[bold green]done[/]: {summary['steps']} steps, {summary['rollouts']} rollouts; "
                   f"outputs in {run_dir}")
     return summary

@@ -58,20 +58,24 @@ class _Factory:
         pass
 
 
-def _run(tmp_path: Path, stamps: Any, last_version: int) -> tuple[BeforeAfter, dict]:
+def _run(tmp_path: Path, stamps: Any, last_version: int) -> tuple[list[str], dict]:
+    """The evaluation as harness.train runs it: before, after, record_weights; the problems and
+    before_after.json."""
     settings = RunSettings(eval_tasks="family:heldout", eval_rollouts_per_task=2)
     labels = iter(["before", "after"])
     learning = BeforeAfter(settings, lambda split, sampling: _Factory(next(labels), stamps),
                            tmp_path, Console(file=io.StringIO()), eval_tasks=TASKS)
     learning.before()
-    data = learning.after(last_version=last_version)
-    assert data is not None
-    assert json.loads((tmp_path / "before_after.json").read_text()) == data
-    return learning, data
+    assert learning.after() is not None
+    problems = learning.record_weights(last_version)
+    data = json.loads((tmp_path / "before_after.json").read_text())
+    assert data["weight_check"]["problems"] == problems
+    assert "before_pass_rate" in data  # what after() wrote is kept
+    return problems, data
 
 
 def test_before_after_json_names_the_weights_every_rollout_sampled(tmp_path: Path):
-    learning, data = _run(tmp_path, lambda label, _: [(0, 0)] * 2 if label == "before"
+    problems, data = _run(tmp_path, lambda label, _: [(0, 0)] * 2 if label == "before"
                           else [(3, 3)] * 3, last_version=3)
     assert data["weight_check"] == {"before_expected": 0, "after_expected": 3, "problems": []}
     for label, version in (("before", 0), ("after", 3)):
@@ -79,7 +83,7 @@ def test_before_after_json_names_the_weights_every_rollout_sampled(tmp_path: Pat
         assert sorted(r["episode_id"] for r in rollouts) == ["t0-r0", "t0-r1", "t1-r0", "t1-r1"]
         assert {r["task_id"] for r in rollouts} == set(TASKS)
         assert all(r["weight_versions"] == [version] for r in rollouts)
-    learning.check_weights()  # nothing wrong: no error
+    assert problems == []
 
 
 @pytest.mark.parametrize("case, stamps, wanted", [
@@ -102,18 +106,17 @@ def test_before_after_json_names_the_weights_every_rollout_sampled(tmp_path: Pat
 ])
 def test_an_evaluation_of_the_wrong_weights_fails_loudly_and_says_which(tmp_path: Path, case,
                                                                         stamps, wanted):
-    learning, data = _run(tmp_path, stamps, last_version=3)
-    [problem] = data["weight_check"]["problems"]
+    problems, data = _run(tmp_path, stamps, last_version=3)
+    [problem] = problems
     assert problem.startswith(wanted), (case, problem)
-    with pytest.raises(EvaluationWeightsError, match="did not sample the weights") as err:
-        learning.check_weights()
-    assert err.value.problems == [problem]
+    message = str(EvaluationWeightsError(problems))
+    assert "did not sample the weights" in message and problem in message
 
 
 def test_a_rollout_that_made_no_call_sampled_nothing_and_passes(tmp_path: Path):
-    learning, data = _run(tmp_path, lambda label, ep: [] if ep == "t1-r1" else
+    problems, data = _run(tmp_path, lambda label, ep: [] if ep == "t1-r1" else
                           [(0, 0)] if label == "before" else [(3, 3)], last_version=3)
-    assert data["weight_check"]["problems"] == []
+    assert problems == []
     assert [r["weight_versions"] for r in data["weight_versions"]["after"]
             if r["episode_id"] == "t1-r1"] == [[]]
 
