@@ -37,6 +37,9 @@ async def _call(client: httpx.AsyncClient, info, prompt: str, dialect: str) -> N
     message = [{"role": "user", "content": prompt}]
     if dialect == "chat":
         url, body = f"{info.base_urls['chat']}/chat/completions", {"messages": message}
+    elif dialect == "responses":
+        url, body = f"{info.base_urls['responses']}/responses", {"input": prompt,
+                                                                 "max_output_tokens": 32}
     else:
         url, body = f"{info.base_urls['messages']}/v1/messages", {"messages": message,
                                                                     "max_tokens": 32}
@@ -75,10 +78,12 @@ def test_the_same_seed_samples_the_same_tokens_and_another_seed_others(admin):
     assert sample(admin, jobs, concurrent=False) == first
     assert [ids for ids, _ in sample(admin, [(s + 1, p) for s, p in jobs], concurrent=False)] \
         != [ids for ids, _ in first]
-    # Anthropic Messages: translated to the same engine route, seeded the same way (the agent's
-    # own `seed: 1` is dropped on both dialects).
-    messages = sample(admin, jobs, concurrent=False, dialect="messages")
-    assert sample(admin, jobs, concurrent=False, dialect="messages") == messages
+    # OpenAI Responses and Anthropic Messages: translated to the same engine route, seeded the
+    # same way (the agent's own `seed: 1` is dropped on every dialect).
+    for dialect in ("responses", "messages"):
+        once = sample(admin, jobs, concurrent=False, dialect=dialect)
+        assert any(ids for ids, _ in once)
+        assert sample(admin, jobs, concurrent=False, dialect=dialect) == once, dialect
 
 
 def test_seeded_tokens_do_not_depend_on_what_the_engine_batches_them_with(admin):
