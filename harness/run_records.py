@@ -43,8 +43,9 @@ def weight_versions(trace: dict[str, Any] | None) -> list[int | None]:
 def split_trained(records: list[dict[str, Any]], steps: int, groups_per_step: int
                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(rollouts of the groups steps 1..`steps` consumed, the others). A training rollout's seed is
-    its group (trainer.producer); the producer dispatches groups ahead of the trainer, so a run
-    that ends at its last step has rollouts of the next groups finished, recorded, never trained."""
+    its group (trainer.producer). The producer dispatches groups ahead of the trainer; it stops at
+    the last step's groups (`end_group`), but a source driven otherwise (or an older trainer) can
+    finish rollouts of groups no step took: recorded, never trained, so counted apart."""
     consumed = steps * groups_per_step
     trained: list[dict[str, Any]] = []
     ahead: list[dict[str, Any]] = []
