@@ -33,7 +33,7 @@ from harness.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
 from harness.run_records import RecordingFactory
 from harness.stack import RunStack
 
-__all__ = ["eval_rollouts", "main", "pass_rate_table", "run_eval"]
+__all__ = ["main", "pass_rate_table", "run_eval"]
 
 PASS_THRESHOLD = 1.0
 
@@ -65,15 +65,11 @@ def pass_rate_table(records: list[dict]) -> tuple[Table, dict]:
 
 
 async def _rollouts(factory: RecordingFactory, n_tasks: int, per_task: int) -> None:
+    from harness.seeds import eval_rollouts
+
+    # One seed and name per (task, repeat): the rollout's sampling seed is derived from both.
     await asyncio.gather(*(factory.rollout(seed=seed, episode_id=episode_id)
                            for seed, episode_id in eval_rollouts(n_tasks, per_task)))
-
-
-def eval_rollouts(n_tasks: int, per_task: int) -> list[tuple[int, str]]:
-    """(seed, episode_id) of every evaluation rollout: seed r * n_tasks + t picks task t (seed k:
-    task k % n_tasks) for repeat r, and the name `t{t}-r{r}` with it fixes the rollout's sampling
-    seed (harness.seeds) whatever order the rollouts run in."""
-    return [(r * n_tasks + t, f"t{t}-r{r}") for r in range(per_task) for t in range(n_tasks)]
 
 
 def run_eval(settings: RunSettings, console: Console | None = None) -> dict:

@@ -37,8 +37,7 @@ from typing import Any
 
 from rich.table import Table
 
-from harness.eval import PASS_THRESHOLD, eval_rollouts, pass_rate_table
-from harness.eval_weights import rollout_versions, weight_check
+from harness.eval import PASS_THRESHOLD, pass_rate_table
 from harness.run_config import RunSettings
 
 __all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "eval_task_problems",
@@ -80,6 +79,8 @@ class BeforeAfter:
         """Add each evaluation rollout's weight versions, and their check against version 0
         before and `last_version` after, to the before_after.json `after()` wrote; the problems
         found ([] when none: harness.eval_weights raises EvaluationWeightsError with them)."""
+        from harness.eval_weights import weight_check
+
         path = self.run_dir / "before_after.json"
         if not path.exists():
             return []
@@ -133,7 +134,9 @@ def eval_task_problems(settings: RunSettings) -> list[str]:
 
 
 async def _gather(factory: Any, n_tasks: int, per_task: int) -> None:
-    # One seed and name per (task, repeat), the same before and after (harness.eval.eval_rollouts).
+    from harness.seeds import eval_rollouts
+
+    # One seed and name per (task, repeat), the same before and after (harness.seeds).
     await asyncio.gather(*(factory.rollout(seed=seed, episode_id=episode_id)
                            for seed, episode_id in eval_rollouts(n_tasks, per_task)))
 
@@ -147,6 +150,7 @@ def evaluate_split(make_factory: Any, settings: RunSettings, tasks: list, run_di
     service loads in the same order) and the trainer's sampling policy. Its engine serves
     whatever weights it holds now, so call it before the first step and after the last push.
     """
+    from harness.eval_weights import rollout_versions
     from harness.run_records import RecordingFactory
 
     # The trainer's policy (AsyncGRPOConfig.sampling), as harness.eval writes it: harness/ does

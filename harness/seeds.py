@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-__all__ = ["check_run_seed", "rollout_seed"]
+__all__ = ["check_run_seed", "eval_rollouts", "rollout_seed"]
 
 MAX_SEED = (1 << 63) - 1  # vLLM takes int64 seeds; capture.sampling refuses others
 
@@ -39,3 +39,10 @@ def rollout_seed(run_seed: int, task_id: str, seed: int | None, episode_id: str 
     """The capture session's sampling seed for one rollout: a hash of what names it."""
     key = f"rollout:{run_seed}:{len(task_id)}:{task_id}:{seed}:{episode_id}"
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest()) >> 1
+
+
+def eval_rollouts(n_tasks: int, per_task: int) -> list[tuple[int, str]]:
+    """(seed, episode_id) of every evaluation rollout (harness.eval, harness.learning): seed
+    r * n_tasks + t picks task t (seed k: task k % n_tasks) for repeat r, and the name `t{t}-r{r}`
+    with it fixes the rollout's sampling seed whatever order the rollouts run in."""
+    return [(r * n_tasks + t, f"t{t}-r{r}") for r in range(per_task) for t in range(n_tasks)]
