@@ -168,7 +168,9 @@ def _send_early(state: CaptureState, session: Session, dialect: Dialect, raw: by
     """The engine request of a call that extends one of the session's last chat calls, sent now,
     before the full translation (capture.early); None for any other call."""
     translate = dialect.message_translator()
-    ahead = session.early.body_for(raw, translate) if translate is not None else None
+    # The seed of the number this call takes if no other call of the session comes first.
+    ahead = session.early.body_for(raw, translate, session.policy.seed_for(session.n_calls + 1)
+                                   ) if translate is not None else None
     if ahead is None:
         return None
     body, stream = ahead
@@ -241,6 +243,11 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
         return error_response(exc, dialect)
     call_id = session.next_call_id()
     session.in_flight += 1
+    # Written after the allowlist dropped the agent's own seed (capture.sampling: the call's
+    # number decides it, and it is recorded with the call).
+    enforced["seed"] = seed = session.policy.seed_for(session.n_calls)
+    if seed is not None:
+        chat["seed"] = seed
     recorder = CallRecorder()
     engine_body = session.engine_bodies.encode(chat)
     if dialect.message_translator() is not None:

@@ -10,7 +10,10 @@ How: a coding agent's next chat call is its last one with messages appended (`re
 such a call the engine body is known ahead: the last call's engine body with the new messages,
 translated, spliced in before its closing `]}`. That is byte for byte what the full path writes for
 it (`EngineBodies` splices the same way, and its full write is the same bytes), so that body is
-sent at once. The full path then runs as before while the engine works, and its engine body is
+sent at once. The call's engine seed (capture.sampling) is the
+one its call number will have, `{"seed":N,` in place of the last body's (`resent.seed_lead`): a
+call of the session that reaches the engine between the two takes that number, and the bodies then
+differ (below). The full path then runs as before while the engine works, and its engine body is
 compared with the one sent:
 
   * equal (every call, unless something between the two calls changed): the engine's reply is
@@ -33,7 +36,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .resent import inserted_items
+from .resent import inserted_items, lead_length, seed_lead
 from .upstream import EngineStream, dumps
 
 __all__ = ["EarlyBodies", "EarlyCall"]
@@ -68,9 +71,11 @@ class EarlyBodies:
         self.sent = 0  # calls whose engine request left before their full translation
         self.mismatched = 0  # ... and whose full translation then disagreed (sent again)
 
-    def body_for(self, raw: bytes, translate: Translate) -> tuple[bytes, bool] | None:
+    def body_for(self, raw: bytes, translate: Translate, seed: int | None = None
+                 ) -> tuple[bytes, bool] | None:
         """(engine body, stream) for `raw` if it is a remembered request with messages appended,
-        each of which `translate(index, message)` accepts; else None."""
+        each of which `translate(index, message)` accepts; else None. `seed`: the call's engine
+        seed (None: none)."""
         for sent in self._sent:
             added = inserted_items(sent.raw, sent.end, raw)
             if added is None:
@@ -80,10 +85,11 @@ class EarlyBodies:
                               for out in translate(i, item)]
             except Exception:  # a DialectError, or a translator bug on hostile input
                 return None  # the full path says what is wrong with it
+            body = memoryview(sent.engine_body)[lead_length(sent.engine_body):]
             if not translated:
-                return sent.engine_body, sent.stream
+                return b"".join((seed_lead(seed), body)), sent.stream
             # one copy of the history's bytes, not one per `+`
-            return b"".join((memoryview(sent.engine_body)[:-2], b",",
+            return b"".join((seed_lead(seed), body[:-2], b",",
                              memoryview(dumps(translated))[1:-1], b"]}")), sent.stream
         return None
 

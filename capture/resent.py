@@ -31,7 +31,9 @@ history once per conversation, not once per call.
 `EngineBodies` does the same on the way out: the engine body is written with `messages` last, so a
 chat body that is the last one with messages appended (the same objects, checked by identity, and
 every other field serialising to the same bytes) is the last bytes with the new messages spliced
-in before the closing `]}`.
+in before the closing `]}`. The call's engine `seed` (capture.sampling: a new one every call) is
+written first, `{"seed":N,...`, and left out of the comparison, so a new seed does not stop the
+splice: the next body takes the last one's bytes after its seed (`seed_lead`, `lead_length`).
 
 Several conversations are remembered per session (a title call, a subagent, a probe interleave with
 the main thread); each costs its last request's bytes.
@@ -45,7 +47,7 @@ from typing import Any
 from .dialects.memo import common_prefix
 from .upstream import JSON_ERRORS, dumps, loads
 
-__all__ = ["EngineBodies", "RequestReader", "inserted_items"]
+__all__ = ["EngineBodies", "RequestReader", "inserted_items", "lead_length", "seed_lead"]
 
 # Conversations remembered per session, most recent first.
 KEEP = 3
@@ -175,32 +177,51 @@ def _learn(seen: _Seen, raw: bytes, body: dict[str, Any]) -> tuple[str, int] | N
     return None
 
 
+_SEED_KEY = b'{"seed":'
+
+
+def seed_lead(seed: int | None) -> bytes:
+    """How an engine body with this call seed begins: `{"seed":N,` (or `{` without one)."""
+    return b'{"seed":%d,' % seed if seed is not None else b"{"
+
+
+def lead_length(body: bytes) -> int:
+    """The length of `body`'s `seed_lead` (a body `EngineBodies` wrote)."""
+    return body.index(b",", len(_SEED_KEY)) + 1 if body.startswith(_SEED_KEY) else 1
+
+
 class EngineBodies:
     """Per-session writer of engine chat bodies; `encode(chat)` equals `dumps(chat)` as JSON."""
 
     __slots__ = ("_seen", "spliced", "written")
 
     def __init__(self) -> None:
-        # most recent first: (bytes of every field but messages, the messages, the whole body)
+        # most recent first: (bytes of every field but messages and seed, the messages, the
+        # whole body)
         self._seen: list[tuple[bytes, list[Any], bytes]] = []
         self.spliced = 0  # bodies written by splicing the new messages into the last bytes
         self.written = 0  # bodies written in full
 
     def encode(self, chat: dict[str, Any]) -> bytes:
         messages = chat.get("messages")
-        if not isinstance(messages, list) or not messages:
+        seed = chat.get("seed")
+        if not isinstance(messages, list) or not messages or (
+                seed is not None and type(seed) is not int):
             return dumps(chat)
-        head = dumps({k: v for k, v in chat.items() if k != "messages"})[:-1]
+        head = dumps({k: v for k, v in chat.items() if k != "messages" and k != "seed"})[:-1]
+        lead = seed_lead(seed)
         for index, (seen_head, seen_messages, data) in enumerate(self._seen):
             n = len(seen_messages)
             if (len(messages) > n and seen_head == head
                     and all(map(operator.is_, seen_messages, messages))):
                 self.spliced += 1
-                data = data[:-2] + b"," + dumps(messages[n:])[1:-1] + b"]}"
+                data = b"".join((lead, memoryview(data)[lead_length(data):-2], b",",
+                                 memoryview(dumps(messages[n:]))[1:-1], b"]}"))
                 self._remember(index, (head, list(messages), data))
                 return data
         self.written += 1
-        data = head + (b"," if len(head) > 1 else b"") + b'"messages":' + dumps(messages) + b"}"
+        data = b"".join((lead, memoryview(head)[1:], b"," if len(head) > 1 else b"",
+                         b'"messages":', dumps(messages), b"}"))
         self._remember(None, (head, list(messages), data))
         return data
 

@@ -12,16 +12,37 @@ exists to produce training data, and a silent top_p from an agent's defaults is 
 prevents. Pass `{"temperature": t, ...}` to choose another; any knob may be set explicitly (an eval
 session may want top_p 0.95), it is then enforced just the same.
 
+Seeds (issue 32, reproducible runs): a policy may carry `seed`, the rollout's sampling seed (the
+harness derives it from the run's --seed, the task and the rollout's place in its group or
+evaluation: harness.session). Every engine call of the session then carries vLLM's per-request
+`seed`, `call_seed(seed, n)` for its call number n (1, 2, ... in the order the session's calls
+reach the engine), so the same rollout samples the same tokens in a second run and no two calls
+of a rollout share a random stream (an agent that retries a call does not get the same reply by
+construction). The agent cannot choose it: capture.allowlist drops any `seed` the request carries
+(counted) and the proxy writes its own after. Without `seed` the engine draws its own randomness,
+as before. The seed sent is recorded with the call (`sampling.seed`).
+
 This module refuses to guess: unknown keys, non-numbers and out-of-range values raise ValueError
 with the field named, at session creation, never mid-rollout.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
-__all__ = ["NEUTRAL_POLICY", "SamplingPolicy"]
+__all__ = ["MAX_SEED", "NEUTRAL_POLICY", "SamplingPolicy", "call_seed"]
+
+# vLLM takes a per-request seed in int64; derived seeds stay in [0, 2**63).
+MAX_SEED = (1 << 63) - 1
+
+
+def call_seed(seed: int, call_number: int) -> int:
+    """The engine seed of a session's `call_number`-th call (1-based) under rollout seed `seed`:
+    a hash, so neighbouring calls and neighbouring rollouts get unrelated random streams."""
+    digest = hashlib.blake2b(f"call:{seed}:{call_number}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest) >> 1
 
 # The value that disables each knob in vLLM. top_k: vLLM takes -1 (and 0) as "off".
 NEUTRAL_POLICY: dict[str, float | int] = {
@@ -46,13 +67,16 @@ _RANGES: dict[str, tuple[float, float]] = {
 
 
 class SamplingPolicy:
-    """Validated knobs plus an optional `max_tokens` cap. `enforce` rewrites one chat request."""
+    """Validated knobs plus an optional `max_tokens` cap and rollout `seed`. `enforce` rewrites
+    one chat request; `seed_for(n)` is its engine seed once it is the session's n-th call."""
 
-    __slots__ = ("knobs", "max_tokens")
+    __slots__ = ("knobs", "max_tokens", "seed")
 
-    def __init__(self, knobs: dict[str, float | int], max_tokens: int | None) -> None:
+    def __init__(self, knobs: dict[str, float | int], max_tokens: int | None,
+                 seed: int | None = None) -> None:
         self.knobs = knobs
         self.max_tokens = max_tokens
+        self.seed = seed
 
     @classmethod
     def from_dict(cls, sampling: dict[str, Any] | None) -> SamplingPolicy:
@@ -61,15 +85,15 @@ class SamplingPolicy:
             return cls(dict(NEUTRAL_POLICY), None)
         if not isinstance(sampling, dict):
             raise ValueError("sampling must be a JSON object such as {'temperature': 1.0}")
-        unknown = set(sampling) - set(NEUTRAL_POLICY) - {"max_tokens"}
+        unknown = set(sampling) - set(NEUTRAL_POLICY) - {"max_tokens", "seed"}
         if unknown:
             raise ValueError(
                 f"unknown sampling fields {sorted(unknown)}; allowed: "
-                f"{sorted([*NEUTRAL_POLICY, 'max_tokens'])}"
+                f"{sorted([*NEUTRAL_POLICY, 'max_tokens', 'seed'])}"
             )
         knobs = dict(NEUTRAL_POLICY)
         for key, value in sampling.items():
-            if key == "max_tokens":
+            if key in ("max_tokens", "seed"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"sampling {key} must be a number, got {value!r}")
@@ -86,10 +110,17 @@ class SamplingPolicy:
         cap = sampling.get("max_tokens")
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"sampling max_tokens must be a positive integer, got {cap!r}")
-        return cls(knobs, cap)
+        seed = sampling.get("seed")
+        if seed is not None and (type(seed) is not int or not 0 <= seed <= MAX_SEED):
+            raise ValueError(f"sampling seed must be an integer in [0, 2**63), got {seed!r}")
+        return cls(knobs, cap, seed)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.knobs, "max_tokens": self.max_tokens}
+        return {**self.knobs, "max_tokens": self.max_tokens, "seed": self.seed}
+
+    def seed_for(self, call_number: int) -> int | None:
+        """The engine seed of the session's `call_number`-th call; None without a rollout seed."""
+        return None if self.seed is None else call_seed(self.seed, call_number)
 
     def enforce(self, chat: dict[str, Any]) -> dict[str, Any]:
         """Rewrite `chat` in place to this policy; return what was enforced for the call record.

@@ -36,8 +36,11 @@ from harness.tables import pass_rate_table
 __all__ = ["main", "pass_rate_table", "run_eval"]
 
 async def _rollouts(factory: RecordingFactory, n_tasks: int, per_task: int) -> None:
-    # seed k picks task k % n_tasks: one seed per (task, repeat).
-    await asyncio.gather(*(factory.rollout(seed=t) for _ in range(per_task) for t in range(n_tasks)))
+    from harness.seeds import eval_rollouts
+
+    # One seed and name per (task, repeat): the rollout's sampling seed is derived from both.
+    await asyncio.gather(*(factory.rollout(seed=seed, episode_id=episode_id)
+                           for seed, episode_id in eval_rollouts(n_tasks, per_task)))
 
 
 def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
@@ -58,7 +61,7 @@ def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
     console.print(f"[bold]view[/] python -m harness.view {run_dir}  (live while it runs)")
     tasks = load_tasks(settings.tasks, count=settings.task_count)
     sampling = {"temperature": settings.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-                "max_tokens": settings.max_tokens}
+                "max_tokens": settings.max_tokens, "seed": settings.seed}
     with RunStack(settings, run_dir, weight_transfer=False) as stack:
         factory = RecordingFactory(HarborSessionFactory(
             stack.proxy.admin_url, admin_key=stack.proxy.admin_key, split=tasks,

@@ -44,6 +44,7 @@ from harness.errors import CAUSES, AgentTimeoutError, Cause, HarnessError, cause
 from harness.outcome import build_outcome
 from harness.proxy_link import ADMIN_KEY_ENV, ProxyLink
 from harness.rollout import RolloutResult
+from harness.seeds import check_run_seed
 from harness.session import HarborSession, SandboxBackend, SandboxRequest, SessionConfig
 
 __all__ = ["HarborSessionFactory", "ProxyLink", "match_task", "resolve_split", "sandbox_backend"]
@@ -62,7 +63,9 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
             callable `SandboxRequest -> BaseEnvironment`.
         llm_url: the engine URL (only used to start an in-process proxy).
         model: the served model name the agent asks for.
-        sampling: the trainer's sampling policy, enforced by the proxy on every call.
+        sampling: the trainer's sampling policy, enforced by the proxy on every call. Its
+            `seed` (the run's --seed; optional) makes each rollout's sampling reproducible:
+            harness.seeds derives the rollout's from it, its task, seed and episode_id.
         max_tokens: optional per-call completion cap added to the sampling policy.
         rollout_caps: per-rollout caps the proxy keeps on every agent's engine calls and
             completion tokens, `{"calls": int|None, "tokens": int|None}` (capture.caps; None:
@@ -112,6 +115,10 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
             self.tasks = resolve_split(split)
         except (ValueError, FileNotFoundError) as exc:
             problems.append(f"split: {exc}")
+        try:
+            check_run_seed(sampling or {})  # the run's seed (harness.seeds)
+        except ValueError as exc:
+            problems.append(str(exc))
         try:
             backend = sandbox_backend(sandbox)
         except ValueError as exc:

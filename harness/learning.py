@@ -76,6 +76,20 @@ class BeforeAfter:
     def before(self) -> None:
         self._evaluate("before")
 
+    def record_weights(self, last_version: int) -> list[str]:
+        """Add each evaluation rollout's weight versions, and their check against version 0
+        before and `last_version` after, to the before_after.json `after()` wrote; the problems
+        found ([] when none: harness.eval_weights raises EvaluationWeightsError with them)."""
+        from harness.eval_weights import weight_check
+
+        path = self.run_dir / "before_after.json"
+        if not path.exists():
+            return []
+        data = json.loads(path.read_text())
+        data.update(weight_check(self.summaries, last_version))
+        path.write_text(json.dumps(data, indent=1))
+        return data["weight_check"]["problems"]
+
     def after(self) -> dict | None:
         """Evaluate again, print the table, write <run>/before_after.json; its data (or None)."""
         self._evaluate("after")
@@ -131,10 +145,11 @@ def eval_task_problems(settings: RunSettings) -> list[str]:
 
 
 async def _gather(factory: Any, n_tasks: int, per_task: int) -> None:
-    # seed k picks task k % n_tasks (HarborSessionFactory): one seed per (task, repeat), the same
-    # seeds before and after.
-    await asyncio.gather(*(factory.rollout(seed=r * n_tasks + t)
-                           for r in range(per_task) for t in range(n_tasks)))
+    from harness.seeds import eval_rollouts
+
+    # One seed and name per (task, repeat), the same before and after (harness.seeds).
+    await asyncio.gather(*(factory.rollout(seed=seed, episode_id=episode_id)
+                           for seed, episode_id in eval_rollouts(n_tasks, per_task)))
 
 
 def evaluate_split(make_factory: Any, settings: RunSettings, tasks: list, run_dir: Path,
@@ -146,12 +161,13 @@ def evaluate_split(make_factory: Any, settings: RunSettings, tasks: list, run_di
     service loads in the same order) and the trainer's sampling policy. Its engine serves
     whatever weights it holds now, so call it before the first step and after the last push.
     """
+    from harness.eval_weights import rollout_versions
     from harness.run_records import RecordingFactory
 
     # The trainer's policy (AsyncGRPOConfig.sampling), as harness.eval writes it: harness/ does
     # not import trainer/ outside harness/train.py.
     sampling = {"temperature": settings.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-                "max_tokens": settings.max_tokens}
+                "max_tokens": settings.max_tokens, "seed": settings.seed}
     out = run_dir / f"eval-{label}"
     factory = RecordingFactory(make_factory(tasks if split is None else split, sampling), out)
 
@@ -171,6 +187,7 @@ def evaluate_split(make_factory: Any, settings: RunSettings, tasks: list, run_di
     summary["step_rates"] = step_rates_of_folder(out, pass_threshold=PASS_THRESHOLD)
     summary["causes"] = {c: sum(r["cause"] == c for r in factory.records)
                          for c in sorted({r["cause"] for r in factory.records})}
+    summary["rollouts"] = rollout_versions(factory.records)  # the weights each one sampled
     (out / "eval_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

@@ -233,7 +233,8 @@ def _help(name: str) -> str:
         "proxy_host": "address the capture proxy binds (0.0.0.0 only behind a public URL you control)",
         "proxy_port": "port of the capture proxy (0: a free port)",
         "report_to": "metrics sinks besides the console: none, jsonl, trackio, wandb",
-        "seed": "random seed",
+        "seed": "random seed; also seeds every rollout's sampling (per-request vLLM seeds "
+                "derived from it and the rollout), so a rerun samples alike",
         "rollouts_per_task": "(eval) rollouts per task",
         "shuffle_rewards": "control run: permute rewards within each group, so they no longer "
                            "follow actions (a loop that still learns has a bug)",

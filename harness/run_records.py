@@ -6,6 +6,11 @@ the full TrainingTrace) and one line to `<run>/rollouts.jsonl`, before the train
 crash, a Ctrl-C or a reward function that raises never loses a rollout already paid for, and
 "why did step 3 get no gradient" is answered by reading files, not by rerunning.
 
+Each record names the engine weight versions its calls were stamped with (`weight_versions`, from
+the trace's turns: the version when each call started and ended), so the before/after evaluation
+can show which weights it sampled (harness.learning). `split_trained()` tells the rollouts the
+training steps consumed from those that finished ahead for a step that never ran.
+
 `summary_tables()` turns the run's records and the trainer's step metrics into the tables the
 train and eval commands print: rollouts by cause, reward per step, tokens trained, time per phase.
 """
@@ -24,12 +29,37 @@ from rich.table import Table
 from harness.errors import CAUSES
 from harness.tables import add_columns
 
-__all__ = ["RecordingFactory", "result_record", "summary_tables"]
+__all__ = ["RecordingFactory", "result_record", "split_trained", "summary_tables",
+           "weight_versions"]
+
+
+def weight_versions(trace: dict[str, Any] | None) -> list[int | None]:
+    """The weight versions a trace's engine calls were stamped with, start and end, sorted (None
+    first: a call with no stamp); [] for a rollout that made no call."""
+    stamps = {turn.get("metadata", {}).get(key) for turn in (trace or {}).get("turns") or ()
+              for key in ("weight_version_start", "weight_version_end")}
+    return sorted(stamps, key=lambda v: (v is not None, v or 0))
+
+
+def split_trained(records: list[dict[str, Any]], steps: int, groups_per_step: int
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rollouts of the groups steps 1..`steps` consumed, the others). A training rollout's seed is
+    its group (trainer.producer). The producer dispatches groups ahead of the trainer; it stops at
+    the last step's groups (`end_group`), but a source driven otherwise (or an older trainer) can
+    finish rollouts of groups no step took: recorded, never trained, so counted apart."""
+    consumed = steps * groups_per_step
+    trained: list[dict[str, Any]] = []
+    ahead: list[dict[str, Any]] = []
+    for record in records:
+        seed = record.get("seed")
+        (trained if isinstance(seed, int) and seed < consumed else ahead).append(record)
+    return trained, ahead
 
 
 def result_record(result: Any, index: int) -> dict[str, Any]:
     """A JSON-ready dict of one RolloutResult (the trace as OpenEnv's own dump)."""
     outcome = result.outcome
+    trace = None if result.trace is None else result.trace.model_dump(mode="json")
     return {
         "index": index,
         "task_id": result.task_id,
@@ -49,7 +79,8 @@ def result_record(result: Any, index: int) -> dict[str, Any]:
             "timed_out": outcome.timed_out,
             "completion": outcome.completion,
         },
-        "trace": None if result.trace is None else result.trace.model_dump(mode="json"),
+        "weight_versions": weight_versions(trace),
+        "trace": trace,
     }
 
 

@@ -56,6 +56,7 @@ from harness.errors import (
     VerifierError,
 )
 from harness.outcome import select_reward
+from harness.seeds import rollout_seed
 from harness.session_loop import LoopThread, cancel_and_wait, uncancellable
 
 if TYPE_CHECKING:
@@ -260,7 +261,7 @@ class HarborSession(ResourceSession):
             from capture.caps import default_caps  # (capture is the service's; imported late)
 
             info = await cfg.proxy.create_session(
-                sampling=cfg.sampling,
+                sampling=self._sampling(),
                 step_limit=cfg.max_steps if cfg.agent_cls.PROXY_STEP_LIMIT else None,
                 caps=cfg.rollout_caps if cfg.rollout_caps is not None else default_caps(
                     cfg.max_steps, cfg.sampling.get("max_tokens")),
@@ -587,6 +588,15 @@ class HarborSession(ResourceSession):
         await uncancellable(self._close_task)
 
     # ---- internals -------------------------------------------------------------------------------
+
+    def _sampling(self) -> dict[str, Any]:
+        """The proxy session's policy: the factory's, with the run's seed made this rollout's
+        (harness.seeds), so a second run samples the same tokens."""
+        sampling = dict(self.config.sampling)
+        if sampling.get("seed") is not None:
+            sampling["seed"] = rollout_seed(sampling["seed"], self.task_id, self.seed,
+                                            self.episode_id)
+        return sampling
 
     async def _start_sandbox(self, agent: HarnessAgent) -> None:
         assert self._trial_dir is not None

@@ -15,10 +15,14 @@ start and stop. Nothing here computes; each step is a component from its own roo
                      here under <output-dir>/rollouts (harness.run_records)
     5. training      HarnessAsyncGRPOTrainer: rows from traces, group advantages, TIS loss,
                      checkpoints and metrics under <output-dir>/trainer; --eval-tasks before and
-                     after (harness.learning), through the same services. Its train_dataset is
+                     after (harness.learning), through the same services; the run exits 1
+                     if "after" sampled other than the last pushed weight version or "before"
+                     other than version 0 (harness.eval_weights). Its train_dataset is
                      the --tasks names the services load; it trains them in a fresh order each
                      epoch, seeded by --seed (--no-shuffle-tasks: the split's order)
-    6. summary       rollouts by cause, reward per step, tokens trained, time per phase
+    6. summary       rollouts by cause, reward per step, tokens trained, time per phase; the
+                     rollouts the steps trained, and apart those that finished ahead for a step
+                     that never ran (`rollouts_not_trained`)
     7. teardown      every process this command started is stopped (service, then engine), on
                      error and Ctrl-C too
 
@@ -50,6 +54,7 @@ from typing import Any
 
 from rich.console import Console
 
+from harness.eval_weights import EvaluationWeightsError
 from harness.learning import BeforeAfter
 from harness.preflight import preflight
 from harness.run_config import (
@@ -61,7 +66,7 @@ from harness.run_config import (
     settings_from_args,
 )
 from harness.run_dir import RunDirError, check_run_dir, fresh_run_dir, prepare_run_dir
-from harness.run_records import RecordingFactory, summary_tables
+from harness.run_records import RecordingFactory, split_trained, summary_tables
 from harness.stack import RunStack
 
 __all__ = ["main", "run_training", "weight_links"]
@@ -276,17 +281,28 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
                 for f in made:
                     f.close()
             before_after = learning.after()  # the engine now serves the last pushed weights
+            # ...which the after side must have sampled, and the before side version 0.
+            weight_problems = [] if weight_sync is None else learning.record_weights(
+                weight_sync.version or 0)
         finally:
             if weight_sync is not None:
                 weight_sync.close()
             pool.close()
     timings["total_s"] = time.perf_counter() - t_run
-    records = [r for f in made for r in f.records]
+    # Groups dispatched ahead of the trainer (max_staleness) can finish after the last step that
+    # would have used them: recorded, never trained, so counted apart.
+    last_step = int(history[-1].get("step", len(history))) if history else 0
+    records, ahead = split_trained([r for f in made for r in f.records], last_step,
+                                   settings.groups_per_step)
     for table in summary_tables(records, history, timings):
         console.print(table)
+    if ahead:
+        console.print(f"{len(ahead)} more rollouts finished for a step that never ran: "
+                      "recorded in rollouts.jsonl, not trained, not counted above")
     learning.curve(history)
     summary = {
         "rollouts": len(records),
+        "rollouts_not_trained": len(ahead),
         "causes": {c: sum(r["cause"] == c for r in records) for c in {r["cause"] for r in records}},
         "steps": len(history),
         "reward_mean_per_step": [m.get("reward/mean") for m in history],
@@ -297,6 +313,8 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         "output_dir": str(run_dir),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if weight_problems:  # after the records: a wrong-weights evaluation still leaves them
+        raise EvaluationWeightsError(weight_problems)
     console.print(f"[bold green]done[/]: {summary['steps']} steps, {summary['rollouts']} rollouts; "
                   f"outputs in {run_dir}")
     return summary
@@ -312,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         console.print(f"[bold red]cannot start[/]: {exc}")
         return 2
+    except EvaluationWeightsError as exc:
+        console.print(f"[bold red]failed[/]: {exc}")
+        return 1
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process this run started was stopped[/]")
         return 130

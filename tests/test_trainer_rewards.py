@@ -102,11 +102,11 @@ def test_config_validate_reports_every_problem_at_once():
 
 
 def test_the_default_config_is_valid_and_pins_a_full_vocabulary_sampling_policy():
-    cfg = AsyncGRPOConfig(temperature=0.7, max_tokens=256)
+    cfg = AsyncGRPOConfig(temperature=0.7, max_tokens=256, seed=5)
     assert cfg.validate() == []
     assert cfg.sampling() == {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                               "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                              "repetition_penalty": 1.0, "max_tokens": 256}
+                              "repetition_penalty": 1.0, "seed": 5, "max_tokens": 256}
 
 
 def test_the_factory_is_called_with_the_trainers_sampling_policy():

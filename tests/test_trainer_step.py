@@ -150,6 +150,26 @@ def test_admission_keeps_the_producer_at_most_max_staleness_steps_ahead():
     assert after == ([0, 1, 2, 3], 4)
 
 
+def test_no_group_is_dispatched_for_a_step_that_will_not_come():
+    # 2 steps of 1 group, 5 steps of staleness allowed: groups 0 and 1 only (issue 32: a run
+    # recorded 385 rollouts for 384 trained, the rest of a group no step would take).
+    source = ReplaySource(lambda s, k: None, lambda s, k: 1.0)
+
+    async def run():
+        producer = _producer(source, max_staleness=5, end_group=2)
+        producer.start()
+        released = [(await producer.next_group()).index for _ in range(2)]
+        # Dispatching is one burst before any rollout runs (see above): both groups finished,
+        # so every group the producer would ever admit has been dispatched by now.
+        dispatched = producer.next_dispatch
+        await producer.stop()
+        return released, dispatched
+
+    released, dispatched = asyncio.run(run())
+    assert released == [0, 1] and dispatched == 2
+    assert sorted({s for s, _ in source.calls}) == [0, 1]
+
+
 def _tasks_trained(seed: int | None, groups: int, n: int = 6, start_group: int = 0) -> list[str]:
     """The tasks a producer hands its source for groups [start_group, groups), in order."""
     source = ReplaySource(lambda s, k: None, lambda s, k: 1.0)

@@ -124,6 +124,8 @@ class AsyncGRPOConfig:
 
         Everything but temperature is pinned to its no-op so the engine samples the full
         distribution the loss assumes; the capture proxy enforces it on every agent call.
+        `seed` is the run's: the session factory derives each rollout's sampling seed from it and
+        the rollout's name (the producer names rollouts `g{g}-r{k}`), so a rerun samples alike.
         """
         policy: dict[str, float | int] = {
             "temperature": float(self.temperature),
@@ -133,6 +135,7 @@ class AsyncGRPOConfig:
             "frequency_penalty": 0.0,
             "presence_penalty": 0.0,
             "repetition_penalty": 1.0,
+            "seed": int(self.seed),
         }
         if self.max_tokens is not None:
             policy["max_tokens"] = int(self.max_tokens)

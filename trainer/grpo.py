@@ -251,6 +251,7 @@ class HarnessAsyncGRPOTrainer:
             start_group=self.state.next_group_index, version=lambda: self.state.policy_version,
             train_dataset=self.train_dataset, prepare=self._prepare_group,
             task_order_seed=a.seed if a.shuffle_dataset else None,
+            end_group=a.max_steps * a.groups_per_step,
         )
         names = [f.name for f in self.reward_funcs]
         producer.start()

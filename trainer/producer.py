@@ -20,7 +20,9 @@ Three rules, each against a known failure:
    function of the seed, the epoch and n alone).
 3. Admission bounds staleness: group g is dispatched only once
    g // groups_per_step <= steps_done + max_staleness, i.e. at most `max_staleness` steps
-   ahead of the trainer (max_staleness=0 is synchronous, on-policy GRPO).
+   ahead of the trainer (max_staleness=0 is synchronous, on-policy GRPO); and never at or past
+   `end_group` (the trainer's max_steps * groups_per_step), so no rollout runs for a step
+   that will not come.
 
 `max_concurrent_rollouts` bounds rollouts in flight (the session factory may bound them too).
 A task that cannot be read from `train_dataset`, or any other error outside a rollout, stops
@@ -36,7 +38,6 @@ import asyncio
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,7 @@ class RolloutProducer:
         train_dataset: Sequence[Any] | None = None,
         prepare: Callable[[FinishedGroup], Any] | None = None,
         task_order_seed: int | None = None,
+        end_group: int | None = None,
     ):
         self.source = source
         self.num_generations = num_generations
@@ -82,6 +84,9 @@ class RolloutProducer:
         self.train_dataset = train_dataset
         self.prepare = prepare
         self.task_order_seed = task_order_seed
+        # The first group no step will train (max_steps * groups_per_step): never dispatched, so
+        # the last steps' admission bound does not pay for rollouts nobody trains (issue 32).
+        self.end_group = end_group
         self._orders: dict[tuple[int, int], list[int]] = {}  # (epoch, n) -> permutation
         self.next_dispatch = start_group
         self.next_release = start_group
@@ -124,6 +129,8 @@ class RolloutProducer:
 
     # -- internals -------------------------------------------------------------------------------
     def _admissible(self) -> bool:
+        if self.end_group is not None and self.next_dispatch >= self.end_group:
+            return False
         return self.next_dispatch // self.groups_per_step <= self._steps_done + self.max_staleness
 
     async def _fail(self, error: BaseException) -> None:
@@ -205,7 +212,9 @@ class RolloutProducer:
             self._changed.notify_all()
 
     async def _one(self, g: int, k: int, task: Any) -> Any:
-        episode = f"g{g}-r{k}-{uuid.uuid4().hex[:8]}"
+        # A name, not a uuid: the rollout's sampling seed is derived from it (harness.seeds), so
+        # a rerun with the same seed samples rollout k of group g alike.
+        episode = f"g{g}-r{k}"
         async with self._slots:
             self.in_flight += 1
             try:
