@@ -134,3 +134,17 @@ def test_the_commands_are_the_main_command_with_each_control_and_the_diagnostics
     diag = run.diagnostic_command(1, "swap", tmp_path / "v", tmp_path)
     assert str(tmp_path / "seed-1" / "trainer" / "model") in diag
     assert str(tmp_path / "v" / "test") in diag
+
+
+def test_the_reward_curves_are_each_runs_and_the_means_of_seeds_and_of_controls(tmp_path):
+    for name, curve in (("seed-0", [0.1, 0.3, 0.5]), ("seed-1", [0.2, 0.3, 0.45]),
+                        ("shuffle-0", [0.1, 0.1, 0.12]), ("flip-0", [0.1, 0.08, 0.06])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "reward_curve.json").write_text(json.dumps(
+            {"steps": [1, 2, 3], "reward_mean": curve}))
+    png = run.write_reward_curves(tmp_path, ["seed-0", "seed-1", "shuffle-0", "flip-0", "lr0-0"])
+    curves = json.loads((tmp_path / "reward_curves.json").read_text())
+    assert curves["runs"]["seed-1"] == [0.2, 0.3, 0.45] and "lr0-0" not in curves["runs"]
+    assert curves["seeds_mean"] == pytest.approx([0.15, 0.3, 0.475])
+    assert curves["controls_mean"] == pytest.approx([0.1, 0.09, 0.09])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

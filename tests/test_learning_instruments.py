@@ -292,54 +292,6 @@ def test_the_held_out_evaluation_counts_real_verifier_passes(tiny_model_path: Pa
 
 # --- bench/learning: the seeds-and-controls table ----------------------------------------------
 
-def _run_dir(out: Path, name: str, before: float, after: float) -> None:
-    (out / name).mkdir(parents=True)
-    (out / name / "before_after.json").write_text(json.dumps({
-        "before_pass_rate": before, "after_pass_rate": after,
-        "change_points": (after - before) * 100, "shuffled_rewards": name.startswith("control"),
-        "seed": int(name.split("-")[1])}))
-    (out / name / "reward_curve.json").write_text(json.dumps({  # rises from `before` to `after`
-        "steps": [1, 2, 3], "reward_mean": [before, (before + after) / 2, after]}))
-
-
-def test_the_learning_bench_judges_seeds_and_controls_by_the_issues_bar(tmp_path: Path,
-                                                                         capsys):
-    from bench.learning.run import main, train_command
-
-    for s, (b, a) in enumerate([(0.1, 0.5), (0.2, 0.45), (0.1, 0.2), (0.0, 0.3)]):
-        _run_dir(tmp_path, f"seed-{s}", b, a)
-        _run_dir(tmp_path, f"control-{s}", b, b + 0.02)
-    assert main(["--out", str(tmp_path), "--report-only"]) == 0
-    out = capsys.readouterr().out
-    assert "3/4" in out and "4/4" in out and "MEETS" in out
-    assert "seed-2" in out and "+10.0 pt" in out
-    assert "mean change: seeds +26.2 pt over 4, controls +2.0 pt over 4" in out
-    curves = json.loads((tmp_path / "reward_curves.json").read_text())
-    assert curves["runs"]["seed-1"] == [0.2, 0.325, 0.45]
-    assert curves["seeds_mean"] == pytest.approx([0.1, 0.23125, 0.3625])
-    assert curves["controls_mean"] == pytest.approx([0.1, 0.11, 0.12])
-    assert (tmp_path / "reward_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # Controls for some seeds only: the bar counts the controls that were run.
-    assert main(["--out", str(tmp_path), "--report-only", "--control-seeds", "0", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "control-2" not in out and "within 5 points: 2/2" in out
-    # A control that rose 10 points fails the bar; so does a run with no result.
-    (tmp_path / "control-1" / "before_after.json").unlink()
-    assert main(["--out", str(tmp_path), "--report-only"]) == 1
-    assert "not run, or the run failed" in capsys.readouterr().out
-    _run_dir(tmp_path / "again", "control-1", 0.1, 0.2)
-    (tmp_path / "control-1" / "reward_curve.json").unlink()
-    (tmp_path / "again" / "control-1").replace(tmp_path / "control-1")
-    assert main(["--out", str(tmp_path), "--report-only"]) == 1
-    out = capsys.readouterr().out
-    assert "3/4 (need" in out and "within 5 points: 3/4" in out
-    cmd = train_command(2, True, tmp_path, ["--steps", "5"])
-    assert cmd[-3:] == ["--shuffle-rewards", "--steps", "5"]
-    assert cmd[cmd.index("--seed") + 1] == "2"
-    # The README's main command as is: its defaults choose the split, the evaluation and reward.
-    assert cmd[cmd.index("harness.train") + 1:cmd.index("--seed")] == ["--harness", "mini-swe-agent"]
-
-
 def test_preflight_reports_a_bad_eval_split_before_any_process_starts():
     from harness.preflight import preflight
 

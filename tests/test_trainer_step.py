@@ -83,7 +83,7 @@ def test_the_progress_line_names_each_number_once_and_says_what_it_is(tmp_path):
     from trainer.metrics import HEADLINE, headline
 
     trainer = make_trainer(seeded_tiny_model(), tmp_path, source=replay_source(), num_generations=4,
-                       max_steps=1, learning_rate=1e-3)
+                           max_steps=1, learning_rate=1e-3)
     (metrics,) = trainer.train()  # a real step's metrics dict
     assert set(HEADLINE) <= set(metrics), set(HEADLINE) - set(metrics)
     line = headline(metrics)
