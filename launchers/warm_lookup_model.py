@@ -85,7 +85,7 @@ def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dic
     from harness.factory import HarborSessionFactory
     from harness.run_records import RecordingFactory
     from harness.tasks.lookup import VALUES, lookup_tasks
-    from tests.scripted_engine import ScriptedEngine, shell_call
+    from harness.audit.scripted_engine import ScriptedEngine, shell_call
 
     by_instruction: dict[str, Any] = {}
     for task in lookup_tasks("train"):

@@ -83,7 +83,7 @@ def _copy_ranks(model_dir: Path) -> list[int]:
     forced: the same number on every run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.scripted_engine import tool_call
+    from harness.audit.scripted_engine import tool_call
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
