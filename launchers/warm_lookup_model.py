@@ -82,10 +82,10 @@ def _last_tool_text(request: dict) -> str:
 def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dict]:
     """Scripted two-step solutions of one instance per train instruction text (step 1)."""
     from capture import CaptureServer
+    from harness.audit.scripted_engine import ScriptedEngine, shell_call
     from harness.factory import HarborSessionFactory
     from harness.run_records import RecordingFactory
     from harness.tasks.lookup import VALUES, lookup_tasks
-    from harness.audit.scripted_engine import ScriptedEngine, shell_call
 
     by_instruction: dict[str, Any] = {}
     for task in lookup_tasks("train"):
