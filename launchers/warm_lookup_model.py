@@ -10,12 +10,22 @@ proxy, with both turns:
    real mini-swe-agent CLI, the capture proxy, bubblewrap and the real verifiers: `cat SOURCE`,
    then `echo WORD > TARGET` with WORD read from the tool result the agent sent back. Dev and
    test pairs are never captured or trained on.
-2. SFT (plain torch, loss on completion tokens only) on rows made from those turns by swapping
+2. SFT from the create-file warm start (models/tiny-qwen3-create-file: it already writes
+   `echo WORD > NAME` and copies words from its prompt; from the bare tiny model 1,200 steps
+   taught the format but copied the shown word 29% of the time on dev), plain torch, loss on
+   completion tokens only, on rows made from those turns by swapping
    in words and file names from outside the family (`synthetic_vocabulary`): first turns (the
    instruction's source -> `cat SOURCE`) and second turns (the tool result's word and the
    instruction's target -> `echo WORD > TARGET`). Hundreds of words make copying the word out of
    the tool result the only fit; no row pairs two of the family's names (`_Turns.swaps`), so
-   reading each name from the instruction is the only way to the right file. The
+   reading each name from the instruction is the only way to the right file. A noisy teacher
+   (`--wrong-first`, `--wrong-word`): a share of the taught first calls read another file and a
+   share of the taught second calls write another word than the one shown. Taught only right
+   rows, the model is already at ~90% on dev (300/100/100 steps: first 98%, word 94%), and at
+   100/40/40 steps it does not copy at all (word 6%): the copy is learnt in a jump, so the step
+   counts cannot place it in the band where RL has room. The noise can: the model reads the
+   right file and writes the shown word about as often as it was taught to, and what RL has to
+   learn is to do it every time. The
    curriculum of warm_model.py: the instruction under a one-line system prompt, then the
    prompt cut after the instruction, then the whole prompt.
 3. probe: T=1 samples on the *dev* prompts (a dev prompt is a captured train prompt with the
@@ -58,7 +68,8 @@ __all__ = ["LOOKUP_MODEL", "build_lookup_model", "committed_lookup_model", "synt
 
 LOOKUP_MODEL = REPO_ROOT / "models" / "tiny-qwen3-lookup"
 REBUILD = "python -m launchers.warm_lookup_model --commit"
-BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 800, 200, 200, 2e-3, 0, 900
+BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 100, 2e-3, 0, 900
+WRONG_FIRST, WRONG_WORD = 0.4, 0.5  # the noisy teacher (_Turns.swaps)
 _COMMAND = re.compile(r'"command": "(.*?)"\}\}\n</tool_call>')
 
 
@@ -191,7 +202,9 @@ class _Turns:
 
     def rows(self, cut: str, swaps: list[dict]) -> list[tuple[list[int], list[int]]]:
         """First- and second-turn (prompt ids, completion ids) for each swap
-        {"base": captured index, "source", "target", "value", "template"}."""
+        {"base": captured index, "source", "target", "value", "template"}, and optionally
+        "cat" (the file the first call reads, when not the source: then no second turn) and
+        "write" (the word the second call writes, when not the value)."""
         from harness.tasks.lookup import TEMPLATES
 
         enc = lambda s: self.tok.encode(s, add_special_tokens=False)  # noqa: E731
@@ -203,25 +216,33 @@ class _Turns:
                                                              target=swap["target"])
             before, after = self._head(cap["p1"], cap["instruction"], cut)
             p1 = before + instruction + after
-            c1 = cap["c1"].replace(f"cat {m['source']}", f"cat {swap['source']}")
+            cat = swap.get("cat", swap["source"])
+            c1 = cap["c1"].replace(f"cat {m['source']}", f"cat {cat}")
             tail = re.sub(rf"\b{m['value']}\b", swap["value"], cap["tail"])
+            write = swap.get("write", swap["value"])
             c2 = cap["c2"].replace(f"echo {m['value']} > {m['target']}",
-                                   f"echo {swap['value']} > {swap['target']}")
-            if c1 == cap["c1"] and swap["source"] != m["source"] or \
-                    c2 == cap["c2"] and (swap["value"], swap["target"]) != (m["value"],
-                                                                           m["target"]):
+                                   f"echo {write} > {swap['target']}")
+            if c1 == cap["c1"] and cat != m["source"] or \
+                    c2 == cap["c2"] and (write, swap["target"]) != (m["value"], m["target"]):
                 raise RuntimeError("a captured call does not hold the command to swap")
             out.append((enc(p1), enc(c1)))
-            out.append((enc(p1 + c1.removesuffix("<|im_end|>") + tail), enc(c2)))
+            if cat == swap["source"]:
+                out.append((enc(p1 + c1.removesuffix("<|im_end|>") + tail), enc(c2)))
         return out
 
-    def swaps(self, count: int, words: list[str], names: list[str], rng: random.Random
-              ) -> list[dict]:
+    def swaps(self, count: int, words: list[str], names: list[str], rng: random.Random,
+              *, wrong_first: float = 0.0, wrong_word: float = 0.0) -> list[dict]:
         """`count` swaps, then every captured turn as it was. A swap keeps at most one of the
         family's file names (its source with a synthetic target, or the reverse) and never a
         family (source, target) pair: the rows teach reading each name from the instruction,
         not which source goes with which target, and no dev or test pair is ever shown. A
-        quarter of the words are the family's own, the rest synthetic."""
+        quarter of the words are the family's own, the rest synthetic.
+
+        The noisy teacher: a `wrong_first` share of the swaps read another file first (a name
+        from the same pool; only that first turn is a row), and a `wrong_word` share of the
+        rest write another word than the one shown (from the same pool). The model learns a
+        policy that reads and copies only that often: the starting point RL must improve on,
+        by looking at the right file and writing what it saw."""
         from harness.tasks.lookup import SOURCES, TARGETS, TEMPLATES, VALUES
 
         out = []
@@ -230,10 +251,16 @@ class _Turns:
             source = rng.choice(SOURCES) if kind == 0 else rng.choice(names)
             target = rng.choice(TARGETS) if kind == 1 else rng.choice(
                 [n for n in names if n != source])
-            value = rng.choice(VALUES) if rng.random() < 0.25 else rng.choice(words)
-            out.append({"base": rng.randrange(len(self.captured)), "source": source,
-                        "target": target, "value": value,
-                        "template": rng.randrange(len(TEMPLATES))})
+            pool = VALUES if rng.random() < 0.25 else words
+            value = rng.choice(pool)
+            swap = {"base": rng.randrange(len(self.captured)), "source": source,
+                    "target": target, "value": value, "template": rng.randrange(len(TEMPLATES))}
+            if rng.random() < wrong_first:
+                names_pool = SOURCES if source in SOURCES else names
+                swap["cat"] = rng.choice([n for n in names_pool if n not in (source, target)])
+            elif rng.random() < wrong_word:
+                swap["write"] = rng.choice([w for w in pool if w != value])
+            out.append(swap)
         out.extend({"base": b, "source": c["meta"]["source"], "target": c["meta"]["target"],
                     "value": c["meta"]["value"], "template": c["meta"]["template"]}
                    for b, c in enumerate(self.captured))
@@ -288,14 +315,18 @@ def probe(model: Any, turns: _Turns, split: str, samples: int) -> dict:
 def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEPS,
                        short_steps: int = SHORT_STEPS, full_steps: int = FULL_STEPS,
                        synthetic_count: int = SYNTHETIC, lr: float = LR, samples: int = 4,
-                       base: Path | None = None, threads: int = 2, log: Any = print) -> dict:
+                       base: Path | None = None, threads: int = 2, wrong_first: float = WRONG_FIRST,
+                       wrong_word: float = WRONG_WORD, log: Any = print) -> dict:
     """Capture, SFT and probe into `out` (an HF model dir); returns the build record."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    base = base or build_tiny_model()
+    if base is None:
+        from launchers.warm_model import committed_warm_model
+
+        base = committed_warm_model()
     with tempfile.TemporaryDirectory(prefix="lookup-capture-") as scratch:
         log("capturing scripted two-step solutions of the train instructions (mini-swe-agent)")
         records = capture_train_traces(Path(scratch))
@@ -306,7 +337,8 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
     log(f"before SFT (dev): {before}")
     rng = random.Random(seed)
     words, names = synthetic_vocabulary(tok.get_vocab(), seed)
-    swaps = turns.swaps(synthetic_count, words, names, rng)
+    swaps = turns.swaps(synthetic_count, words, names, rng, wrong_first=wrong_first,
+                        wrong_word=wrong_word)
     pad = tok.pad_token_id or 0
     for cut, steps in (("bare", bare_steps), ("short", short_steps), ("full", full_steps)):
         data = turns.rows(cut, swaps)
@@ -317,7 +349,8 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
     save_model(out, model, tok, base)
     return {"base": base.name, "seed": seed, "bare_steps": bare_steps,
             "short_steps": short_steps, "full_steps": full_steps, "synthetic": synthetic_count,
-            "lr": lr, "captured_rollouts": len(records),
+            "lr": lr, "wrong_first": wrong_first, "wrong_word": wrong_word,
+            "captured_rollouts": len(records),
             "probe": {"before": {"dev": before}, "after": after}}
 
 
@@ -334,9 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synthetic", type=int, default=SYNTHETIC,
                         help="swapped rows with words and names from outside the family")
     parser.add_argument("--lr", type=float, default=LR)
+    parser.add_argument("--wrong-first", type=float, default=WRONG_FIRST,
+                        help="share of taught first calls that read another file")
+    parser.add_argument("--wrong-word", type=float, default=WRONG_WORD,
+                        help="share of the other taught rows that write another word")
     parser.add_argument("--base", type=Path, default=None,
-                        help="start from this HF model dir (default: the tiny model, "
-                             "launchers/tiny_model.py)")
+                        help="start from this HF model dir (default: the create-file warm "
+                             "start, models/tiny-qwen3-create-file)")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch threads (1 is faster on a machine other jobs share)")
     args = parser.parse_args(argv)
@@ -347,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         record = build_lookup_model(out, seed=args.seed, bare_steps=args.bare_steps,
                                     short_steps=args.short_steps, full_steps=args.full_steps,
                                     synthetic_count=args.synthetic, lr=args.lr,
-                                    base=args.base, threads=args.threads)
+                                    base=args.base, threads=args.threads,
+                                    wrong_first=args.wrong_first, wrong_word=args.wrong_word)
         print(finish_build(out, record, LOOKUP_MODEL if args.commit else None, rebuild=REBUILD))
     return 0
 
