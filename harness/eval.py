@@ -31,7 +31,8 @@ from harness.run_config import (
 from harness.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
 from harness.run_records import RecordingFactory
 from harness.stack import RunStack
-from harness.tables import pass_rate_table
+from harness.tables import PASS_THRESHOLD, pass_rate_table
+from harness.tasks.lookup_rates import instruction_of, step_rates_of_folder
 
 __all__ = ["main", "pass_rate_table", "run_eval"]
 
@@ -74,12 +75,25 @@ def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
             asyncio.run(_rollouts(factory, len(tasks), settings.rollouts_per_task))
         finally:
             factory.close()
-    table, summary = pass_rate_table(factory.records)
+    # Lookup-family tasks are summed per instruction text (its 8 words): 12 rows, not 96.
+    table, summary = pass_rate_table([{**r, "task_id": instruction_of(r["task_id"])}
+                                      for r in factory.records])
     console.print(table)
+    summary["step_rates"] = step_rates_of_folder(run_dir, pass_threshold=PASS_THRESHOLD)
+    if summary["step_rates"]:
+        rates = summary["step_rates"]
+        console.print("[bold]per step[/] (lookup family, scored rollouts: "
+                      f"{rates['n']}): looked at the source file first {_pct(rates['looked'])}, "
+                      f"wrote the word the file showed {_pct(rates['used_observation'])}, "
+                      f"passed {_pct(rates['passed'])}")
     summary["causes"] = {c: sum(r["cause"] == c for r in factory.records)
                          for c in {r["cause"] for r in factory.records}}
     (run_dir / "eval_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate:.0%}"
 
 
 def main(argv: list[str] | None = None) -> int:

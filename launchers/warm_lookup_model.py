@@ -316,7 +316,8 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
                        short_steps: int = SHORT_STEPS, full_steps: int = FULL_STEPS,
                        synthetic_count: int = SYNTHETIC, lr: float = LR, samples: int = 4,
                        base: Path | None = None, threads: int = 2, wrong_first: float = WRONG_FIRST,
-                       wrong_word: float = WRONG_WORD, log: Any = print) -> dict:
+                       wrong_word: float = WRONG_WORD, calibrate_steps: int = 0,
+                       log: Any = print) -> dict:
     """Capture, SFT and probe into `out` (an HF model dir); returns the build record."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -337,19 +338,31 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
     log(f"before SFT (dev): {before}")
     rng = random.Random(seed)
     words, names = synthetic_vocabulary(tok.get_vocab(), seed)
-    swaps = turns.swaps(synthetic_count, words, names, rng, wrong_first=wrong_first,
-                        wrong_word=wrong_word)
+    # The copy is learnt from right rows only (taught with wrong words from the start, the
+    # model never learnt it: 0-4% on dev); the noisy teacher speaks in the last stage, which
+    # sets how often the learnt skills are used.
+    clean = turns.swaps(synthetic_count, words, names, random.Random(rng.random()))
+    noisy = turns.swaps(synthetic_count, words, names, random.Random(rng.random()),
+                        wrong_first=wrong_first, wrong_word=wrong_word)
     pad = tok.pad_token_id or 0
     for cut, steps in (("bare", bare_steps), ("short", short_steps), ("full", full_steps)):
-        data = turns.rows(cut, swaps)
+        data = turns.rows(cut, clean if calibrate_steps else noisy if cut == "full" else clean)
         sft_steps(model, data, steps, lambda batch: completion_loss(model, batch, pad), rng=rng,
                   lr=lr, log=log, stage=f"{cut} prompt", log_every=50)
+    if calibrate_steps:
+        # First turns only, a `wrong_first` share reading another file: sets how often the
+        # first step is right without touching the rows that taught the copy.
+        firsts = [row for swap in noisy for row in turns.rows("full", [swap])[:1]]
+        sft_steps(model, firsts, calibrate_steps,
+                  lambda batch: completion_loss(model, batch, pad), rng=rng, lr=lr, log=log,
+                  stage="first turns, noisy", log_every=10)
     after = {s: probe(model, turns, s, samples) for s in ("dev", "train")}
     log(f"after SFT: {after}")
     save_model(out, model, tok, base)
     return {"base": base.name, "seed": seed, "bare_steps": bare_steps,
             "short_steps": short_steps, "full_steps": full_steps, "synthetic": synthetic_count,
             "lr": lr, "wrong_first": wrong_first, "wrong_word": wrong_word,
+            "calibrate_steps": calibrate_steps,
             "captured_rollouts": len(records),
             "probe": {"before": {"dev": before}, "after": after}}
 
@@ -371,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of taught first calls that read another file")
     parser.add_argument("--wrong-word", type=float, default=WRONG_WORD,
                         help="share of the other taught rows that write another word")
+    parser.add_argument("--calibrate-steps", type=int, default=0,
+                        help="after the clean stages, steps on noisy first turns only")
     parser.add_argument("--base", type=Path, default=None,
                         help="start from this HF model dir (default: the create-file warm "
                              "start, models/tiny-qwen3-create-file)")
@@ -385,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                                     short_steps=args.short_steps, full_steps=args.full_steps,
                                     synthetic_count=args.synthetic, lr=args.lr,
                                     base=args.base, threads=args.threads,
-                                    wrong_first=args.wrong_first, wrong_word=args.wrong_word)
+                                    wrong_first=args.wrong_first, wrong_word=args.wrong_word,
+                                    calibrate_steps=args.calibrate_steps)
         print(finish_build(out, record, LOOKUP_MODEL if args.commit else None, rebuild=REBUILD))
     return 0
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from harness.tasks.lookup import SOURCES, TARGETS, VALUES, VARIANTS, LookupInstance
 
-__all__ = ["instance_of", "step_rates", "step_rates_of_folder"]
+__all__ = ["by_instruction", "instance_of", "instruction_of", "step_rates",
+           "step_rates_of_folder"]
 
 _NAME = re.compile(r"(?:.*/)?lookup-(?P<source>[a-z]+)-(?P<target>[a-z]+)-t(?P<template>\d+)-"
                    r"(?P<value>[a-z]+)(?:-(?P<variant>swap|blind))?$")
@@ -43,6 +44,12 @@ def instance_of(task_id: str) -> LookupInstance | None:
             or variant not in VARIANTS:
         return None
     return LookupInstance(source, target, match["value"], int(match["template"]), "", variant)
+
+
+def instruction_of(task_id: str) -> str:
+    """A lookup task's instruction id (`key-answer-t0`), any other task's id as it is."""
+    inst = instance_of(task_id)
+    return inst.instruction_id if inst else task_id
 
 
 def _mentions(text: str, word: str) -> bool:
