@@ -12,9 +12,9 @@ run, so a lazy import inside a function and one under `if TYPE_CHECKING:` count 
    `harness.client.remote` and whatever those import at module level (their closure, computed
    here). None of those modules may import the service side (SERVICE: harbor, openenv, capture
    and the rollout service's own folder, harness/service/), not even lazily: vLLM's environment
-   has no harbor, and a lazy import is one call away from running. The crossing points that exist today are listed in
-   KNOWN_CROSSINGS with why; the list may only shrink (an entry that no longer exists fails too,
-   so it is removed when fixed).
+   has no harbor, and a lazy import is one call away from running. The crossing points that
+   exist today are listed in KNOWN_CROSSINGS with why; the list may only shrink (an entry that
+   no longer exists fails too, so it is removed when fixed).
 
 tests/test_trainer_isolation.py checks the same boundary at run time (what the real
 `python -m harness.train` loads) and that trainer/ imports no harness at all.
