@@ -67,7 +67,7 @@ link() { ln -sfn "$1" "$ROOT/$2"; }
 
 # --- 1. apt packages -----------------------------------------------------------------------------
 STEP="1/6 apt packages (bubblewrap for the sandboxes, chromium for the viewer's browser test, gcc + libc6-dev for the exec-only backends' static grading reset helper)"
-# libc.a is libc6-dev's: harness/sandboxes/grading.py builds its helper with `gcc -static`
+# libc.a is libc6-dev's: harness/service/sandboxes/grading.py builds its helper with `gcc -static`
 if ! command -v bwrap >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
    || ! command -v gcc >/dev/null 2>&1 || ! gcc -print-file-name=libc.a | grep -q /; then
   say "$STEP"

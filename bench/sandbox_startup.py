@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.sandboxes import BwrapSandbox, SandboxSpec, process_cap_mode  # noqa: E402
+from harness.service.sandboxes import BwrapSandbox, SandboxSpec, process_cap_mode  # noqa: E402
 
 
 def _summary(values: list[float]) -> str:
@@ -85,7 +85,7 @@ async def _bench_harbor(n: int) -> dict[str, list[float]]:
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
 
-    from harness.sandboxes.bwrap import BwrapEnvironment
+    from harness.service.sandboxes.bwrap import BwrapEnvironment
     from harness.tasks import BUNDLED_DIR
 
     task = Task(BUNDLED_DIR / "fix-python-function")

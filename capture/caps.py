@@ -14,7 +14,7 @@ rollout can make more engine calls or sample more tokens than its caps, whatever
 A refused call gets 403 (`RolloutCapReached`, as the step limit: no client retries a 403, so
 the agent ends on its own error path), is never sent to the engine nor recorded, and is counted
 in the session's stats (`caps.refused`) and in every turn's trace metadata (`rollout_caps`).
-The harness sets them per session (`harness.session.SessionConfig.rollout_caps`, defaults from
+The harness sets them per session (`harness.service.session.SessionConfig.rollout_caps`, defaults from
 `default_caps`).
 """
 

@@ -111,7 +111,7 @@ class StepLimitReached(SessionError):
     """The agent asked for a step past its session's step limit (capture.sessions.take_step).
 
     403, not 429: no client retries it, so the agent ends at its own error path, and the harness
-    stops it when it sees the refusal counted (harness.session)."""
+    stops it when it sees the refusal counted (harness.service.session)."""
 
     status = 403
 

@@ -14,7 +14,7 @@ session may want top_p 0.95), it is then enforced just the same.
 
 Seeds (issue 32, reproducible runs): a policy may carry `seed`, the rollout's sampling seed (the
 harness derives it from the run's --seed, the task and the rollout's place in its group or
-evaluation: harness.session). Every engine call of the session then carries vLLM's per-request
+evaluation: harness.service.session). Every engine call of the session then carries vLLM's per-request
 `seed`, `call_seed(seed, n)` for its call number n (1, 2, ... in the order the session's calls
 reach the engine), so the same rollout samples the same tokens in a second run and no two calls
 of a rollout share a random stream (an agent that retries a call does not get the same reply by

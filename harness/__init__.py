@@ -4,16 +4,21 @@
 Importing `harness` imports nothing heavy (no harbor, torch or httpx): subpackages are imported
 where they are used, so `python -m harness.train --help` and the capture service stay fast.
 
-    harness.tasks       load Harbor task dirs (local folder, registry dataset, HF dataset repo)
-    harness.sandboxes   the local bubblewrap sandbox (a Harbor environment) and remote exposure
-    harness.agents      opencode, claude-code, codex, mini-swe-agent, pointed at the capture proxy
-    harness.session     HarborSession: sandbox -> agent -> verifier -> TrainingTrace -> close
-    harness.factory     HarborSessionFactory: bounded, retried rollouts, each with a cause
-    harness.outcome     HarnessRolloutOutcome: what a reward function sees
-    harness.serve       `python -m harness.serve`: rollouts as an HTTP service (own host/env)
-    harness.remote      RemoteSessionFactory: the trainer's client (no openenv, no harbor)
-    harness.train       `python -m harness.train`: the recipe (engine, rollout service, trainer)
-    harness.eval        `python -m harness.eval`: rollouts and pass rates, no training
+The folders are laid out by the process their code runs in (tests/test_import_graph.py checks
+that the trainer's process never imports the service's):
+
+    harness/            the commands: train, eval, serve, view/, audit/ (`python -m harness.X`)
+    harness/shared/     every process: errors, the rollout and outcome types, tables, run config,
+                        run folders and records, sampling seeds
+    harness/service/    the rollout service's process (`python -m harness.serve`, or eval's
+                        in-process stack): state, routes, factory, session, session_loop,
+                        proxy_link, sandboxes/ (bubblewrap, grading), agents/ (opencode,
+                        claude-code, codex, mini-swe-agent)
+    harness/client/     the trainer's process: remote (RemoteSessionFactory, no openenv or harbor),
+                        spawn (starts `python -m harness.serve` as a child process)
+    harness/run/        the process a train/eval command runs in, around the rollouts: stack
+                        (engine, proxy, service), preflight, ready, learning, plots, eval_weights
+    harness/tasks/      task specs and loaders (local folder, registry dataset, HF dataset repo)
 """
 
 __all__: list[str] = []

@@ -20,24 +20,24 @@ import sys
 
 from rich.console import Console
 
-from harness.preflight import preflight
-from harness.run_config import (
+from harness.run.preflight import preflight
+from harness.run.stack import RunStack
+from harness.shared.run_config import (
     RunSettings,
     SettingsError,
     build_parser,
     quiet_harbor,
     settings_from_args,
 )
-from harness.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
-from harness.run_records import RecordingFactory
-from harness.stack import RunStack
-from harness.tables import PASS_THRESHOLD, pass_rate_table
+from harness.shared.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
+from harness.shared.run_records import RecordingFactory
+from harness.shared.tables import PASS_THRESHOLD, pass_rate_table
 from harness.tasks.lookup_rates import instruction_of, step_rates_of_folder
 
 __all__ = ["main", "pass_rate_table", "run_eval"]
 
 async def _rollouts(factory: RecordingFactory, n_tasks: int, per_task: int) -> None:
-    from harness.seeds import eval_rollouts
+    from harness.shared.seeds import eval_rollouts
 
     # One seed and name per (task, repeat): the rollout's sampling seed is derived from both.
     await asyncio.gather(*(factory.rollout(seed=seed, episode_id=episode_id)
@@ -51,7 +51,7 @@ def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
     problems = preflight(settings, train=False)
     if problems:
         raise SettingsError(problems)
-    from harness.factory import HarborSessionFactory
+    from harness.service.factory import HarborSessionFactory
     from harness.tasks import load_tasks
 
     try:

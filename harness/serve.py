@@ -4,7 +4,7 @@ Why it exists: vLLM (whose NCCL weight-transfer engine the trainer imports on GP
 environment with openenv, and one host cannot carry hundreds of agents, their proxy traffic and
 their verifiers beside the trainer. This process owns everything on the rollout side (tasks,
 sandboxes, agents, the capture proxy, the verifier) through the one implementation of rollouts,
-`HarborSessionFactory`; the trainer reaches it with `harness.remote.RemoteSessionFactory`.
+`HarborSessionFactory`; the trainer reaches it with `harness.client.remote.RemoteSessionFactory`.
 
     python -m harness.serve --engine-url http://127.0.0.1:8000 [--tasks bundled] [--port 8200]
         [--sandbox e2b --proxy-host 0.0.0.0 --proxy-port 8100 --proxy-public-url URL]
@@ -43,7 +43,7 @@ model, sampling, max_tokens, limits); the service keeps one HarborSessionFactory
 Admission: at most `--max-sessions` rollouts plus open sessions at once; beyond that 429 with a
 Retry-After (seconds) and nothing queued, so a client spreads the load or waits, and one service
 never buffers an unbounded backlog. A session failure is answered 422 with {"error": {type,
-cause, retryable, message}} so the client raises the same `harness.errors` class.
+cause, retryable, message}} so the client raises the same `harness.shared.errors` class.
 
 Results: a finished rollout's result stays until the client fetched it (or DELETEs it); results
 nobody fetched are forgotten `--result-ttl-s` after they finished.
@@ -61,9 +61,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.rollout_service import RolloutService
-from harness.service_routes import create_app
-from harness.service_spawn import KEY_ENV, LocalService, spawn_service
+from harness.client.spawn import KEY_ENV, LocalService, spawn_service
+from harness.service.routes import create_app
+from harness.service.state import RolloutService
 
 # LocalService and spawn_service: tests/service_helpers.py imports them from here
 __all__ = ["LocalService", "build_parser", "main", "spawn_service", "write_ready"]
@@ -174,7 +174,7 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    from harness.run_config import quiet_harbor
+    from harness.shared.run_config import quiet_harbor
 
     quiet_harbor()
     try:

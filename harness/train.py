@@ -3,21 +3,21 @@
 This is the recipe (torchtune's word): the one place that wires every room, in the order things
 start and stop. Nothing here computes; each step is a component from its own room.
 
-    1. settings      flags + --config YAML, all problems reported at once (harness.preflight)
+    1. settings      flags + --config YAML, all problems reported at once (harness.run.preflight)
     2. services      the model (default: the committed tiny one) -> vLLM engine -> a rollout service pointed at
                      it (`python -m harness.serve`, a child process started while vLLM loads;
-                     --rollout-service URL[,URL...] uses running ones instead) (harness.stack)
+                     --rollout-service URL[,URL...] uses running ones instead) (harness.run.stack)
     3. weight sync   gloo here (vLLM plugin), NCCL on GPUs (trainer.weight_sync); each version
                      the engine confirmed reaches every service's capture proxy
                      (POST /v1/weight_version)
-    4. rollouts      RemoteSessionFactory (harness.remote) -> the service's HarborSessionFactory:
+    4. rollouts      RemoteSessionFactory (harness.client.remote) -> the service's HarborSessionFactory:
                      Harbor task -> sandbox -> agent -> proxy -> verifier; every rollout recorded
-                     here under <output-dir>/rollouts (harness.run_records)
+                     here under <output-dir>/rollouts (harness.shared.run_records)
     5. training      HarnessAsyncGRPOTrainer: rows from traces, group advantages, TIS loss,
                      checkpoints and metrics under <output-dir>/trainer; --eval-tasks before and
-                     after (harness.learning), through the same services; the run exits 1
+                     after (harness.run.learning), through the same services; the run exits 1
                      if "after" sampled other than the last pushed weight version or "before"
-                     other than version 0 (harness.eval_weights). Its train_dataset is
+                     other than version 0 (harness.run.eval_weights). Its train_dataset is
                      the --tasks names the services load; it trains them in a fresh order each
                      epoch, seeded by --seed (--no-shuffle-tasks: the split's order)
     6. summary       rollouts by cause, reward per step, tokens trained, time per phase; the
@@ -54,10 +54,11 @@ from typing import Any
 
 from rich.console import Console
 
-from harness.eval_weights import EvaluationWeightsError
-from harness.learning import BeforeAfter
-from harness.preflight import preflight
-from harness.run_config import (
+from harness.run.eval_weights import EvaluationWeightsError
+from harness.run.learning import BeforeAfter
+from harness.run.preflight import preflight
+from harness.run.stack import RunStack
+from harness.shared.run_config import (
     RunSettings,
     SettingsError,
     build_parser,
@@ -65,9 +66,8 @@ from harness.run_config import (
     parse_reward_funcs,
     settings_from_args,
 )
-from harness.run_dir import RunDirError, check_run_dir, fresh_run_dir, prepare_run_dir
-from harness.run_records import RecordingFactory, split_trained, summary_tables
-from harness.stack import RunStack
+from harness.shared.run_dir import RunDirError, check_run_dir, fresh_run_dir, prepare_run_dir
+from harness.shared.run_records import RecordingFactory, split_trained, summary_tables
 
 __all__ = ["main", "run_training", "weight_links"]
 
@@ -82,7 +82,7 @@ def _factory_fn(settings: RunSettings, pool: Any, run_dir: Path):
     `pool` is the run's one ServicePool: every factory (training, eval before/after) shares its
     view of the services' load and the weight version it tells them.
     """
-    from harness.remote import RemoteSessionFactory
+    from harness.client.remote import RemoteSessionFactory
 
     def make(split: Any, sampling: dict, task_count: int | None = None) -> Any:
         return RemoteSessionFactory(
@@ -160,7 +160,7 @@ def _world_size() -> int:
 
 
 def _run_dir(settings: RunSettings, kind: str) -> Path:
-    """Create this run's folder (harness.run_dir: never over an earlier run's files) and record
+    """Create this run's folder (harness.shared.run_dir: never over an earlier run's files) and record
     the folder actually used in `settings.output_dir` (a runs/latest link resolved)."""
     try:
         run_dir = prepare_run_dir(settings.output_dir, kind, resume=settings.resume,
@@ -227,7 +227,7 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
 
     from transformers.utils import logging as transformers_logging
 
-    from harness.remote import ServicePool
+    from harness.client.remote import ServicePool
     from trainer.grpo import HarnessAsyncGRPOTrainer
     from trainer.rewards import RewardFunc
 

@@ -90,12 +90,12 @@ CODE_MOUNT = "/harness-code"
 CODE_ARCHIVE = "harness.tar.gz"
 JOB_WORKDIR = "/tmp/harness"
 SECRET_NAMES = ("HF_TOKEN", "E2B_API_KEY")
-# harness.run_config.RunSettings' default --harness and launchers.warm_model's default model
+# harness.shared.run_config.RunSettings' default --harness and launchers.warm_model's default model
 # folder (tests/test_same_weights.py checks both against the code that owns them).
 DEFAULT_HARNESS = "mini-swe-agent"
 WARM_MODEL_NAME = "tiny-qwen3-create-file"
 LOOKUP_MODEL_NAME = "tiny-qwen3-lookup"
-DEFAULT_TASKS = "lookup:train"  # harness.run_config.RunSettings.tasks
+DEFAULT_TASKS = "lookup:train"  # harness.shared.run_config.RunSettings.tasks
 # The job's first command: unpack the code into a writable dir and hand over to this file. The
 # train args arrive as "$@" (bash -c SCRIPT NAME ARGS...), so no quoting is rebuilt by hand.
 BOOTSTRAP = (
@@ -258,7 +258,7 @@ def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 def run_setting(train_args: list[str], flag: str) -> str | None:
     """What `harness.train` will read for `flag`: the flag's value, else its key in the --config
-    YAML (flags override the file, as in harness.run_config), else None. The engine must see the
+    YAML (flags override the file, as in harness.shared.run_config), else None. The engine must see the
     trainer's --model and --served-model-name whichever of the two gives them."""
     value = _flag_value(train_args, flag)
     if value is not None:
@@ -295,7 +295,7 @@ def default_model(harness: str | None, root: str | Path = REPO, tasks: str | Non
 
 
 def fresh_output_dir(kind: str = "train") -> str:
-    """A new run folder, named as harness.run_dir names one, chosen once by the launcher so the
+    """A new run folder, named as harness.shared.run_dir names one, chosen once by the launcher so the
     service (its capture log) and every trainer rank write the same folder."""
     return f"runs/{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{kind}"
 

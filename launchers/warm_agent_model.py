@@ -4,7 +4,7 @@ Why it exists (issue 18 item 6): the default model (launchers/warm_model.py) lea
 create-file instruction inside mini-swe-agent's ~1,000-token prompt and to answer with its `bash`
 call. Codex sends a 13.2k-token prompt and wants `exec_command` with a `cmd`; opencode sends
 9.7k tokens and wants `bash`; Claude Code sends 21.0k tokens (with `--disable-slash-commands`;
-harness/agents/claude_code.py) and wants `Bash` with a `command` and a `description`. On those
+harness/service/agents/claude_code.py) and wants `Bash` with a `command` and a `description`. On those
 the default model answers with no call at all (a `--harness codex` run: 0 of 96 held-out before
 and after, every group zero variance), so RL has nothing to move. This teaches it each agent's
 own format the way the default was taught, from traces captured through the proxy:

@@ -94,8 +94,8 @@ def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dic
     """Scripted two-step solutions of one instance per train instruction text (step 1)."""
     from capture import CaptureServer
     from harness.audit.scripted_engine import ScriptedEngine, shell_call
-    from harness.factory import HarborSessionFactory
-    from harness.run_records import RecordingFactory
+    from harness.service.factory import HarborSessionFactory
+    from harness.shared.run_records import RecordingFactory
     from harness.tasks.lookup import VALUES, lookup_tasks
 
     by_instruction: dict[str, Any] = {}

@@ -97,8 +97,8 @@ def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dic
     the `harness` agent's CLI, its own prompts and tool schema, the proxy, the verifiers."""
     from capture import CaptureServer
     from harness.audit.scripted_engine import ScriptedEngine, shell_call
-    from harness.factory import HarborSessionFactory
-    from harness.run_records import RecordingFactory
+    from harness.service.factory import HarborSessionFactory
+    from harness.shared.run_records import RecordingFactory
     from harness.tasks.family import family_tasks
 
     tasks = family_tasks("train")
@@ -376,7 +376,7 @@ def build_warm_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEP
     # call) mixed: every second turn has the same answer, and mixing them in kept the full stage
     # from memorising the train pairs. The tiny model still garbles the long
     # submit string (second_turn below), so the CPU default runs one agent step on this family
-    # (harness/run_config.py).
+    # (harness/shared/run_config.py).
     trainer.sft(full_steps, trainer.first_turns("full", synthetic) + trainer.second, lr=lr,
                 log=log, stage="full prompt, both turns")
     after = {s: trainer.probe(s, samples) for s in ("heldout", "train")}

@@ -3,9 +3,9 @@
     python tests/service_trainer.py ENGINE_URL OUT_DIR URL [URL ...]   ($HARNESS_SERVICE_KEY)
 
 What it holds: the trainer (torch, transformers), the CPU weight sync into the engine, and the
-client (`harness.remote`); never openenv or harbor, which it checks and reports at the end in
+client (`harness.client.remote`); never openenv or harbor, which it checks and reports at the end in
 OUT_DIR/trainer_process.json with the run's summary. Every rollout is recorded under OUT_DIR as
-`python -m harness.train` does (harness.run_records).
+`python -m harness.train` does (harness.shared.run_records).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from harness.remote import RemoteSessionFactory, ServicePool
-from harness.run_config import RunSettings
-from harness.run_records import RecordingFactory
+from harness.client.remote import RemoteSessionFactory, ServicePool
+from harness.shared.run_config import RunSettings
+from harness.shared.run_records import RecordingFactory
 from trainer.grpo import HarnessAsyncGRPOTrainer
 from trainer.weight_sync import VLLMWeightSync
 

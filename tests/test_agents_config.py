@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.agents import AGENTS, HarnessAgent, get_agent
+from harness.service.agents import AGENTS, HarnessAgent, get_agent
 
 URL = "http://127.0.0.1:45678/s/sess123/v1"
 SECRET = "secret-for-session-123"
@@ -136,7 +136,7 @@ def test_setup_writes_the_config_into_the_sandbox_home_private_to_the_sandbox(na
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
 
-    from harness.sandboxes.bwrap import BwrapEnvironment
+    from harness.service.sandboxes.bwrap import BwrapEnvironment
     from harness.tasks import BUNDLED_DIR
 
     task = Task(BUNDLED_DIR / "hello-file")

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.agents import AGENTS
 from harness.audit.scripted_engine import ScriptedEngine, shell_call, shell_task
-from harness.factory import HarborSessionFactory
+from harness.service.agents import AGENTS
+from harness.service.factory import HarborSessionFactory
 from harness.tasks import BUNDLED_DIR
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]

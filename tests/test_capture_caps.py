@@ -21,7 +21,7 @@ from capture import CaptureClient, CaptureServer
 from capture.caps import RolloutCaps, default_caps
 from capture.errors import BadRequest
 from harness.audit.scripted_engine import ScriptedEngine, shell_call
-from harness.factory import HarborSessionFactory
+from harness.service.factory import HarborSessionFactory
 from harness.tasks import BUNDLED_DIR
 from tests.helpers.tools import BASH_COMMAND_TOOLS as TOOLS
 

@@ -6,7 +6,7 @@ TRL 1.16's `HarnessRolloutWorker` reads a trace with three helpers: tool calls f
 `response.choices[0].message`, the transcript and tool failures from the last turn's
 `request.messages`. The export writes that shape (capture/export.py) while storing each message
 once; these tests run a real proxy (in front of the in-package fake engine), export, and hand the
-result to TRL's functions, to `harness.outcome.build_outcome`, and to the trainer's reader.
+result to TRL's functions, to `harness.shared.outcome.build_outcome`, and to the trainer's reader.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from openenv.core.harness.training import TrainingTrace
 
 from capture import CaptureClient, CaptureServer
 from capture.fake_engine import FakeEngine
-from harness.outcome import build_outcome
+from harness.shared.outcome import build_outcome
 from tests.helpers.tools import BASH_TOOLS as TOOLS
 from trainer.rollouts import _tool_counts
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from harness.eval_weights import EvaluationWeightsError
-from harness.learning import BeforeAfter
-from harness.rollout import RolloutResult
-from harness.run_config import RunSettings
-from harness.run_records import split_trained, weight_versions
+from harness.run.eval_weights import EvaluationWeightsError
+from harness.run.learning import BeforeAfter
+from harness.shared.rollout import RolloutResult
+from harness.shared.run_config import RunSettings
+from harness.shared.run_records import split_trained, weight_versions
 
 TASKS = ["task-a", "task-b"]
 

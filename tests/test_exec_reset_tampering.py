@@ -2,7 +2,7 @@
 """The exec-only grading reset (docker, e2b, modal, daytona) trusts no binary of the image.
 
 On those backends the agent is root over the image: it can replace rm, chmod, stat, sed, ls, cp,
-tar... with tools that report success and do nothing. The reset (harness/sandboxes/grading.py)
+tar... with tools that report success and do nothing. The reset (harness/service/sandboxes/grading.py)
 runs a static helper of its own, uploaded through the backend's file API, so a tampered image
 changes nothing about what it kills, removes and reports.
 
@@ -22,9 +22,9 @@ from harbor.environments.factory import EnvironmentFactory
 from harbor.models.task.task import Task
 from harbor.models.trial.paths import TrialPaths
 
-from harness.sandboxes import environment_config
-from harness.sandboxes.grading import GRADER_SITE, process_baseline
-from harness.sandboxes.grading import reset_for_grading as _reset_for_grading
+from harness.service.sandboxes import environment_config
+from harness.service.sandboxes.grading import GRADER_SITE, process_baseline
+from harness.service.sandboxes.grading import reset_for_grading as _reset_for_grading
 
 TASK = Path(__file__).parent / "fixtures" / "integrity-task"
 EVIL = "/opt/evil"

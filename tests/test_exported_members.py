@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 
-PACKAGES = ["harness", "harness.agents", "harness.audit", "harness.sandboxes", "harness.tasks",
+PACKAGES = ["harness", "harness.service.agents", "harness.audit", "harness.service.sandboxes", "harness.tasks",
             "capture", "capture.dialects", "trainer", "trainer.weight_sync", "launchers"]
 
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from capture.fake_engine import FakeEngine
-from harness.session import SandboxBackend
+from harness.service.session import SandboxBackend
 from tests.helpers.attacks import REWRITING_DAEMON, RecordingEnvironment, attack_first_backend
 from tests.helpers.sessions import CALL, HELLO, SOLVE, make_factory, run_rollout
 from tests.helpers.waiting import until
@@ -171,7 +171,7 @@ def test_rollouts_of_one_seed_share_one_task_and_seeds_walk_the_split(fake_engin
 
 def test_no_more_than_max_concurrent_rollouts_run_at_once(fake_engine):
     live, peak = 0, 0
-    from harness.factory import sandbox_backend
+    from harness.service.factory import sandbox_backend
 
     local = sandbox_backend("local")
 
@@ -306,7 +306,7 @@ def test_the_trainer_scores_a_tampered_rollout_zero_inside_its_group(fake_engine
 
 class ExecOnly:
     """A Harbor environment seen as the session sees docker, e2b, modal or daytona: no
-    `prepare_grading`, so the session resets grading through `exec` (harness/sandboxes/grading.py).
+    `prepare_grading`, so the session resets grading through `exec` (harness/service/sandboxes/grading.py).
     The local sandbox does the work underneath; its own reset finds nothing left after ours."""
 
     resets: ClassVar[list[str]] = []  # the grading-reset scripts the session ran through exec
@@ -326,7 +326,7 @@ class ExecOnly:
 
 
 def test_an_exec_only_backend_gets_the_same_causes(fake_engine):
-    from harness.factory import sandbox_backend
+    from harness.service.factory import sandbox_backend
 
     local = sandbox_backend("local")
     backend = SandboxBackend(make=lambda r: ExecOnly(local.make(r)), agent_url=local.agent_url)

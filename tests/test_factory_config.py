@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from harness.factory import HarborSessionFactory
+from harness.service.factory import HarborSessionFactory
 
 
 def test_every_config_problem_is_reported_together_and_nothing_starts():

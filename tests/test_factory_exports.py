@@ -9,20 +9,20 @@ import inspect
 import pytest
 
 MODULES = [
-    "harness.agents",
-    "harness.agents.base",
-    "harness.agents.claude_code",
-    "harness.agents.codex",
-    "harness.agents.mini_swe_agent",
-    "harness.agents.opencode",
-    "harness.errors",
-    "harness.factory",
-    "harness.outcome",
-    "harness.outcome_readers",
-    "harness.proxy_link",
-    "harness.rollout",
-    "harness.session",
-    "harness.session_loop",
+    "harness.service.agents",
+    "harness.service.agents.base",
+    "harness.service.agents.claude_code",
+    "harness.service.agents.codex",
+    "harness.service.agents.mini_swe_agent",
+    "harness.service.agents.opencode",
+    "harness.shared.errors",
+    "harness.service.factory",
+    "harness.shared.outcome",
+    "harness.shared.outcome_readers",
+    "harness.service.proxy_link",
+    "harness.shared.rollout",
+    "harness.service.session",
+    "harness.service.session_loop",
 ]
 
 

@@ -7,14 +7,14 @@ run, so a lazy import inside a function and one under `if TYPE_CHECKING:` count 
 1. No import circle among the project's modules. A circle (`capture.app -> agent_routes -> app`,
    `harness.eval -> preflight -> learning -> eval`, ...) means neither module can be read, tested
    or moved without the other; the fix is a third module both import (capture.state,
-   harness.tables' pass-rate table, harness.proxy_link).
-2. The import contract. The trainer's process runs trainer/, `harness.train` and `harness.remote`
-   and whatever those import at module level (their closure, computed here). None of those
-   modules may import the service side (SERVICE: harbor, openenv, capture and the rollout
-   service's own modules), not even lazily: vLLM's environment has no harbor, and a lazy import
-   is one call away from running. The crossing points that exist today are listed in
-   KNOWN_CROSSINGS with why; the list may only shrink (an entry that no longer exists fails too,
-   so it is removed when fixed).
+   harness.shared.tables' pass-rate table, harness.service.proxy_link).
+2. The import contract. The trainer's process runs trainer/, `harness.train` and
+   `harness.client.remote` and whatever those import at module level (their closure, computed
+   here). None of those modules may import the service side (SERVICE: harbor, openenv, capture
+   and the rollout service's own folder, harness/service/), not even lazily: vLLM's environment
+   has no harbor, and a lazy import is one call away from running. The crossing points that
+   exist today are listed in KNOWN_CROSSINGS with why; the list may only shrink (an entry that
+   no longer exists fails too, so it is removed when fixed).
 
 tests/test_trainer_isolation.py checks the same boundary at run time (what the real
 `python -m harness.train` loads) and that trainer/ imports no harness at all.
@@ -34,28 +34,26 @@ PACKAGES = ("capture", "harness", "trainer", "launchers")
 
 # The rollout service's side: what only its process (`python -m harness.serve`, or eval's
 # in-process stack) may import.
-SERVICE = ("harbor", "openenv", "capture", "harness.sandboxes", "harness.session",
-           "harness.session_loop", "harness.factory", "harness.serve", "harness.rollout_service",
-           "harness.service_routes", "harness.agents", "harness.audit", "harness.proxy_link")
+SERVICE = ("harbor", "openenv", "capture", "harness.service", "harness.serve", "harness.audit")
 
 # The trainer's process: these, and their module-level closure.
-TRAINER_ROOTS = ("trainer", "harness.train", "harness.remote")
+TRAINER_ROOTS = ("trainer", "harness.train", "harness.client.remote")
 
 # (importer, imported) pairs on the trainer side that reach the service side today, each lazy or
 # a type name only, each to be moved out (the report of issue 33 says where). Do not add to it:
 # move the code instead.
 KNOWN_CROSSINGS = {
     # a type name for an annotation (TYPE_CHECKING): never runs
-    ("harness.outcome", "openenv.core.harness.training"),
+    ("harness.shared.outcome", "openenv.core.harness.training"),
     ("harness.tasks.loader", "harbor.models.task.task"),
     # the one shared stack starts the service side: in the trainer's process only the "service"
-    # layout runs, whose path spawns `python -m harness.serve` (harness.service_spawn, a child
+    # layout runs, whose path spawns `python -m harness.serve` (harness.client.spawn, a child
     # process); eval's "proxy" layout runs the proxy in its own process
-    ("harness.stack", "capture.server"),
-    ("harness.stack", "harness.sandboxes.expose"),
+    ("harness.run.stack", "capture.server"),
+    ("harness.run.stack", "harness.service.sandboxes.expose"),
     # checks and helpers for the service's settings, run by eval's process (or the service's)
-    ("harness.preflight", "harness.sandboxes.expose"),
-    ("harness.run_config", "harbor.utils.logger"),
+    ("harness.run.preflight", "harness.service.sandboxes.expose"),
+    ("harness.shared.run_config", "harbor.utils.logger"),
     ("harness.tasks.sources", "harbor.registry.client.factory"),
 }
 
@@ -195,7 +193,8 @@ def test_the_circle_finder_finds_a_circle() -> None:
 
 def test_the_trainer_side_is_trainer_the_train_command_and_the_service_client() -> None:
     side = trainer_side()
-    assert {"harness.train", "harness.remote", "trainer.grpo", "harness.run_config"} <= side
+    assert {"harness.train", "harness.client.remote", "trainer.grpo",
+            "harness.shared.run_config"} <= side
     # the service's own modules are not on it, not even through a package's __init__
     assert not {m for m in side if _is_service(m)}
 

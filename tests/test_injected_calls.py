@@ -18,7 +18,7 @@ import pytest
 
 from capture import CaptureClient, CaptureServer
 from harness.audit.scripted_engine import ScriptedEngine, shell_call
-from harness.factory import HarborSessionFactory
+from harness.service.factory import HarborSessionFactory
 from harness.tasks import BUNDLED_DIR
 from tests.helpers.tools import BASH_COMMAND_TOOLS as TOOLS
 from trainer.rows import trace_to_rows

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from harness.run_config import build_parser, settings_from_args
+from harness.shared.run_config import build_parser, settings_from_args
 from trainer.config import AsyncGRPOConfig
 from trainer.fakes import synthetic_trace
 from trainer.groups import prepare_group

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from harness.learning import (
+from harness.run.learning import (
     before_after_problems,
     before_after_table,
     eval_task_problems,
     evaluate_split,
     write_reward_curve,
 )
-from harness.run_config import RunSettings, build_parser, settings_from_args
+from harness.shared.run_config import RunSettings, build_parser, settings_from_args
 from harness.tasks.family import FAMILY_DIR, family_tasks
 from trainer.fakes import synthetic_trace
 from trainer.groups import group_metrics, prepare_group
@@ -99,7 +99,7 @@ def test_before_after_settings_are_checked_with_their_fix():
     assert before_after_problems(RunSettings()) == []
     assert before_after_problems(RunSettings(eval_tasks="family:heldout")) == []
     wrong = RunSettings(eval_tasks="family:nope", weight_sync=False, eval_rollouts_per_task=0)
-    # The settings here; the split where rollouts run (harness.preflight.rollout_problems).
+    # The settings here; the split where rollouts run (harness.run.preflight.rollout_problems).
     problems = before_after_problems(wrong) + eval_task_problems(wrong)
     text = "\n".join(problems)
     assert len(problems) == 3
@@ -152,8 +152,8 @@ def _texts(fig) -> dict[str, Any]:
 
 
 def test_every_run_writes_its_reward_curve_as_json_and_a_labelled_png(tmp_path: Path):
-    from harness.learning import reward_series
-    from harness.plots import line_figure
+    from harness.run.learning import reward_series
+    from harness.run.plots import line_figure
 
     history = [{"step": 1.0, "reward/mean": 0.1, "reward/scored": 4.0},
                {"step": 2.0, "reward/mean": 0.4, "reward/scored": 4.0,
@@ -182,15 +182,15 @@ def test_every_run_writes_its_reward_curve_as_json_and_a_labelled_png(tmp_path: 
 
 
 def test_a_series_of_the_wrong_length_is_refused_by_name():
-    from harness.plots import line_figure
+    from harness.run.plots import line_figure
 
     with pytest.raises(ValueError, match="series 'a' has 1 values for 2 x values"):
         line_figure([1, 2], {"a": [0.5]}, title="t", xlabel="x", ylabel="y")
 
 
 def test_the_before_after_chart_shows_each_task_overall_and_the_change(tmp_path: Path):
-    from harness.learning import write_before_after_chart
-    from harness.plots import before_after_figure
+    from harness.run.learning import write_before_after_chart
+    from harness.run.plots import before_after_figure
 
     long = "family-heldout/read-the-value-then-write-it-into-the-named-file-0007"
     before = {"per_task": {long: {"passed": 1, "scored": 4, "unscored": 0},
@@ -269,7 +269,7 @@ def test_the_held_out_evaluation_counts_real_verifier_passes(tiny_model_path: Pa
     assert {t.metadata["file"] for t in tasks} & {"answer.txt"}
     settings = RunSettings(eval_tasks=str(FAMILY_DIR / "heldout"), eval_rollouts_per_task=1,
                            max_agent_steps=4, agent_timeout_s=150, max_concurrent_rollouts=4)
-    from harness.factory import HarborSessionFactory
+    from harness.service.factory import HarborSessionFactory
 
     with ScriptedEngine(tiny_model_path, policy) as engine, CaptureServer(engine.url) as proxy:
         def make_factory(split, sampling):
@@ -293,7 +293,7 @@ def test_the_held_out_evaluation_counts_real_verifier_passes(tiny_model_path: Pa
 # --- bench/learning: the seeds-and-controls table ----------------------------------------------
 
 def test_preflight_reports_a_bad_eval_split_before_any_process_starts():
-    from harness.preflight import preflight
+    from harness.run.preflight import preflight
 
     problems = preflight(RunSettings(eval_tasks="family:nope", tasks="family:train"), train=True)
     assert any(p.startswith("--eval-tasks 'family:nope'") for p in problems), problems

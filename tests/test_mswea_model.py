@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.agents import get_agent
+from harness.service.agents import get_agent
 from launchers.paths import agent_bin
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"

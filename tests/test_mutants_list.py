@@ -38,7 +38,7 @@ def test_mutant_names_are_unique_and_the_list_covers_the_core_invariants():
     files = {m.file for m in MUTANTS}
     for core in ("capture/graph.py", "trainer/staleness.py", "trainer/advantages.py",
                  "trainer/rows.py", "trainer/packing.py", "trainer/loss.py",
-                 "capture/upstream.py", "harness/sandboxes/supervisor.py"):
+                 "capture/upstream.py", "harness/service/sandboxes/supervisor.py"):
         assert core in files, f"no mutant over {core}"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from openenv.core.harness.training import TrainingTrace
 
-from harness.outcome import HarnessRolloutOutcome, build_outcome
+from harness.shared.outcome import HarnessRolloutOutcome, build_outcome
 
 
 def _turn(node_id: str, request: dict, response: dict, **metadata: Any) -> dict[str, Any]:
@@ -487,7 +487,7 @@ def test_explicit_success_records_of_responses_and_messages_win_over_the_words()
 def test_the_verifier_output_tail_is_kept_from_the_trial_dir(tmp_path) -> None:
     # Harbor writes the grader's streams into the trial dir, which close() deletes: the record
     # keeps their tails, so a run shows why a rollout got its grade.
-    from harness.session import VERIFIER_OUTPUT_CHARS, _verifier_output
+    from harness.service.session import VERIFIER_OUTPUT_CHARS, _verifier_output
 
     assert _verifier_output(tmp_path) is None
     (tmp_path / "verifier").mkdir()

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from capture import CaptureServer
-from harness.factory import HarborSessionFactory
-from harness.proxy_link import ProxyLink
+from harness.service.factory import HarborSessionFactory
+from harness.service.proxy_link import ProxyLink
 from tests.helpers.sessions import CALL, HELLO, SOLVE, run_rollout, script_agent
 
 

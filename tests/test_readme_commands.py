@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run_config import build_parser, settings_from_args
+from harness.shared.run_config import build_parser, settings_from_args
 from launchers.paths import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
@@ -119,7 +119,7 @@ def check_train_or_eval(argv: list[str]) -> None:
     module = "harness.train" if "harness.train" in argv else "harness.eval"
     settings = _settings(module, _module_args(argv, module))
     if settings.reward_fn or settings.reward_funcs:
-        from harness.run_config import load_callable, parse_reward_funcs
+        from harness.shared.run_config import load_callable, parse_reward_funcs
 
         if settings.reward_fn:
             assert callable(load_callable(settings.reward_fn))
@@ -134,9 +134,9 @@ def check_torchrun_trainer(argv: list[str]) -> None:
     """The GPU trainer: its harness.train flags, and an --output-dir every rank agrees on."""
     assert argv[argv.index("-m") + 1] == "torch.distributed.run"
     settings = _settings("harness.train", _module_args(argv, "harness.train"))
-    assert settings.output_dir, "torchrun needs an explicit --output-dir (harness.run_dir)"
+    assert settings.output_dir, "torchrun needs an explicit --output-dir (harness.shared.run_dir)"
     assert settings.ready_timeout_s > 0
-    from harness.run_dir import check_run_dir
+    from harness.shared.run_dir import check_run_dir
 
     assert not any("required under torchrun" in p for p in
                    check_run_dir(settings.output_dir, "train", world_size=3))
@@ -171,8 +171,8 @@ def check_model_download(argv: list[str]) -> None:
 
 def check_export(argv: list[str]) -> None:
     """The variables the GPU commands read, by the names the code reads them under."""
-    from harness.remote import KEY_ENV
-    from harness.sandboxes.expose import SANDBOX_BACKENDS
+    from harness.client.remote import KEY_ENV
+    from harness.service.sandboxes.expose import SANDBOX_BACKENDS
 
     names = {a.split("=", 1)[0] for a in argv[1:]}
     assert names == {"E2B_API_KEY", KEY_ENV}

@@ -15,7 +15,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from harness.ready import Target, wait_ready
+from harness.run.ready import Target, wait_ready
 
 
 def _free_port() -> int:
@@ -114,8 +114,8 @@ def test_ready_targets_cost_one_request_and_say_nothing() -> None:
 
 
 def test_preflight_reports_a_service_that_never_came_up_by_its_flag() -> None:
-    from harness.preflight import preflight
-    from harness.run_config import RunSettings
+    from harness.run.preflight import preflight
+    from harness.shared.run_config import RunSettings
 
     port = _free_port()  # nothing listens
     settings = RunSettings(engine_url=f"http://127.0.0.1:{port}", ready_timeout_s=0.5,

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from harness.audit.scripted_engine import ScriptedEngine, shell_tool_name, tool_call
-from harness.factory import HarborSessionFactory
+from harness.service.factory import HarborSessionFactory
 from tests.helpers.attacks import RecordingEnvironment, local_backend
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]

@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 
 from harness.audit.scripted_engine import ScriptedEngine, shell_tool_name, tool_call
-from harness.factory import HarborSessionFactory
-from harness.sandboxes import local
+from harness.service.factory import HarborSessionFactory
+from harness.service.sandboxes import local
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 

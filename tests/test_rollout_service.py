@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from harness.audit.scripted_engine import ScriptedEngine, shell_task
-from harness.remote import RemoteSessionFactory
+from harness.client.remote import RemoteSessionFactory
 from harness.tasks import BUNDLED_DIR
 from launchers.paths import REPO_ROOT
 from tests.helpers.service import start_service
@@ -163,7 +163,7 @@ def test_a_full_service_answers_429_and_the_client_waits_its_retry_after(tiny_mo
 
 TRAINER_SIDE = """
 import asyncio, json, sys
-from harness.remote import RemoteSessionFactory
+from harness.client.remote import RemoteSessionFactory
 import trainer.grpo, trainer.rollouts
 from trainer.rollouts import as_rollout_source
 from trainer.rows import trace_to_rows

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run_dir import RunDirError, check_run_dir, fresh_run_dir, prepare_run_dir
+from harness.shared.run_dir import RunDirError, check_run_dir, fresh_run_dir, prepare_run_dir
 from launchers.paths import REPO_ROOT
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run_config import HARNESSES, RunSettings
+from harness.shared.run_config import HARNESSES, RunSettings
 from launchers import hf_jobs
 from launchers.models import resolve_model
 from launchers.paths import REPO_ROOT
@@ -110,7 +110,7 @@ def test_harness_train_loads_one_model_on_every_rank(harness, tmp_path) -> None:
     # harness.train's own path: rank 0's RunStack starts the engine on the model it resolves;
     # every other rank resolves it again in _follow (harness/train.py). Both must land on the
     # same directory, the harness's own warm start.
-    from harness.stack import RunStack
+    from harness.run.stack import RunStack
 
     settings = RunSettings(harness=harness, output_dir=str(tmp_path))
     rank0 = RunStack(settings, tmp_path, weight_transfer=False).resolve_model().path

@@ -20,7 +20,7 @@ from capture.dialects import DIALECTS
 from capture.sampling import SamplingPolicy, call_seed
 from capture.sessions import Session
 from capture.upstream import loads
-from harness.seeds import check_run_seed, eval_rollouts, rollout_seed
+from harness.shared.seeds import check_run_seed, eval_rollouts, rollout_seed
 from launchers.engine import Engine
 from tests.test_capture_early import SYSTEM, TOOLS, agent_loop, step
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.sandboxes import (
+from harness.service.sandboxes import (
     BwrapSandbox,
     SandboxExecTimeoutError,
     SandboxLimits,

@@ -15,8 +15,13 @@ from harbor.environments.factory import _load_environment_class
 from harbor.models.environment_type import EnvironmentType
 from harbor.utils.import_path import import_class
 
-from harness.sandboxes import SANDBOX_BACKENDS, ExposeError, environment_config, expose_proxy
-from harness.sandboxes.expose import backend_problems
+from harness.service.sandboxes import (
+    SANDBOX_BACKENDS,
+    ExposeError,
+    environment_config,
+    expose_proxy,
+)
+from harness.service.sandboxes.expose import backend_problems
 from tests.helpers.waiting import wait_until
 
 PROXY = "http://127.0.0.1:41234"

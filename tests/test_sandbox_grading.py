@@ -21,15 +21,15 @@ from harbor.models.agent.context import AgentContext
 from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
 from harbor.trial.trial import Trial
 
-from harness.sandboxes import (
+from harness.service.sandboxes import (
     BwrapSandbox,
     SandboxLimits,
     SandboxSpec,
     environment_config,
     process_cap_mode,
 )
-from harness.sandboxes.local import GRADING_ENV, GRADING_HOME
-from harness.sandboxes.mounts import usr_links, venv_binds
+from harness.service.sandboxes.local import GRADING_ENV, GRADING_HOME
+from harness.service.sandboxes.mounts import usr_links, venv_binds
 from tests.helpers.attacks import REWRITING_DAEMON, RecordingEnvironment
 from tests.helpers.waiting import until
 
@@ -458,7 +458,7 @@ async def test_the_exec_only_reset_ends_leftovers_and_resets_the_grading_dirs(tm
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
 
-    from harness.sandboxes.grading import process_baseline, reset_for_grading
+    from harness.service.sandboxes.grading import process_baseline, reset_for_grading
 
     task = Task(TASK)
     paths = TrialPaths(tmp_path / "trial")
@@ -507,7 +507,7 @@ async def test_the_exec_only_reset_removes_grader_hooks_the_image_did_not_have(t
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
 
-    from harness.sandboxes.grading import process_baseline, reset_for_grading
+    from harness.service.sandboxes.grading import process_baseline, reset_for_grading
 
     task = Task(TASK)
     paths = TrialPaths(tmp_path / "trial")

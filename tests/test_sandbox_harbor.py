@@ -19,18 +19,18 @@ from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
 from harbor.models.trial.paths import TrialPaths
 from harbor.trial.trial import Trial
 
-from harness.sandboxes import (
+from harness.service.sandboxes import (
     SandboxDefinitionError,
     SandboxExecTimeoutError,
     SandboxStartError,
     environment_config,
     resolved_tool_binds,
 )
-from harness.sandboxes.bwrap import BwrapEnvironment
+from harness.service.sandboxes.bwrap import BwrapEnvironment
 from harness.tasks import BUNDLED_DIR, bundled_tasks
 from launchers.paths import REPO_ROOT
 
-IMPORT_PATH = "harness.sandboxes.bwrap:BwrapEnvironment"
+IMPORT_PATH = "harness.service.sandboxes.bwrap:BwrapEnvironment"
 BUNDLED = [task.name for task in bundled_tasks()]
 
 
@@ -259,7 +259,7 @@ async def test_harbor_output_callbacks_receive_the_command_output_as_it_streams(
 
 
 def test_the_sandboxes_package_exports_exactly_its_public_names():
-    import harness.sandboxes as package
+    import harness.service.sandboxes as package
 
     public = {n for n in dir(package) if not n.startswith("_")} - {
         "annotations",

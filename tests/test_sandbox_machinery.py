@@ -23,18 +23,18 @@ from pathlib import Path
 
 import pytest
 
-from harness.sandboxes import local, supervisor_build
-from harness.sandboxes.errors import (
+from harness.service.sandboxes import local, supervisor_build
+from harness.service.sandboxes.errors import (
     SandboxDefinitionError,
     SandboxDiedError,
     SandboxExecError,
     SandboxStartError,
     SandboxUnavailableError,
 )
-from harness.sandboxes.limits import SandboxLimits
-from harness.sandboxes.local import GRADING_ENV, BwrapSandbox, SandboxSpec
-from harness.sandboxes.outputs import declared_outputs
-from harness.session import _sandbox_died
+from harness.service.sandboxes.limits import SandboxLimits
+from harness.service.sandboxes.local import GRADING_ENV, BwrapSandbox, SandboxSpec
+from harness.service.sandboxes.outputs import declared_outputs
+from harness.service.session import _sandbox_died
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from harbor.environments.factory import EnvironmentFactory
 from harbor.models.task.task import Task
 from harbor.models.trial.paths import TrialPaths
 
-from harness.sandboxes import BwrapSandbox, SandboxSpec, environment_config
-from harness.sandboxes.errors import SandboxDefinitionError, SandboxExecError
-from harness.sandboxes.outputs import declared_strict
+from harness.service.sandboxes import BwrapSandbox, SandboxSpec, environment_config
+from harness.service.sandboxes.errors import SandboxDefinitionError, SandboxExecError
+from harness.service.sandboxes.outputs import declared_strict
 
 BUILD = (
     "mkdir -p /opt/svc /app/src && echo 'mode = safe' > /opt/svc/app.cfg && "

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from capture.fake_engine import FakeEngine
+from harness.client.spawn import spawn_service
 from harness.serve import write_ready
-from harness.service_spawn import spawn_service
 
 KEY = "service-guard-test-key"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.errors import TRAINABLE_CAUSES
+from harness.shared.errors import TRAINABLE_CAUSES
 from launchers.engine import Engine
 from launchers.paths import REPO_ROOT
 from tests.helpers.service import start_service

@@ -8,7 +8,7 @@ that would make five engine calls if nobody stopped it.
 from __future__ import annotations
 
 from capture.fake_engine import FakeEngine
-from harness.factory import HarborSessionFactory
+from harness.service.factory import HarborSessionFactory
 from tests.helpers.sessions import CALL, HELLO, SOLVE, run_rollout, script_agent
 
 

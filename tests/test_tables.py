@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.eval import pass_rate_table
-from harness.learning import before_after_table
-from harness.run_records import summary_tables
+from harness.run.learning import before_after_table
+from harness.shared.run_records import summary_tables
 
 LONG = "family-heldout/read-the-value-from-the-sandbox-then-write-it-into-the-named-file-0007"
 LONG_2 = "family-heldout/read-the-value-from-the-sandbox-then-write-it-into-the-named-file-0008"

@@ -12,7 +12,7 @@ import pytest
 from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
 from harbor.trial.trial import Trial
 
-from harness.sandboxes import environment_config
+from harness.service.sandboxes import environment_config
 from harness.tasks import TaskSourceError, load_folder, load_tasks
 from harness.tasks.family import (
     FAMILY_DIR,

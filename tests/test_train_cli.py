@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.errors import CAUSES
 from harness.eval import pass_rate_table
-from harness.preflight import preflight
-from harness.run_config import (
+from harness.run.preflight import preflight
+from harness.shared.errors import CAUSES
+from harness.shared.run_config import (
     RunSettings,
     SettingsError,
     build_parser,
@@ -24,7 +24,7 @@ from harness.run_config import (
     parse_reward_funcs,
     settings_from_args,
 )
-from harness.run_records import summary_tables
+from harness.shared.run_records import summary_tables
 from launchers.paths import REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "examples" / "reward_fns.py"
@@ -229,7 +229,7 @@ def test_each_agent_runs_the_warm_start_made_for_its_prompts(tmp_path: Path, har
                                                               model: str) -> None:
     """No --model: the engine and the trainer load the committed warm start of --harness (one
     taught on another agent's prompts answers Codex's with no tool call: 0 of 96)."""
-    from harness.stack import RunStack
+    from harness.run.stack import RunStack
 
     stack = RunStack(parse(["--harness", harness]), tmp_path, weight_transfer=False)
     assert stack.resolve_model().path == REPO_ROOT / "models" / model == stack.model_path

@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.errors import CAUSES, TRAINABLE_CAUSES
 from harness.eval import run_eval
-from harness.run_config import RunSettings
+from harness.shared.errors import CAUSES, TRAINABLE_CAUSES
+from harness.shared.run_config import RunSettings
 from launchers.paths import REPO_ROOT
 from tests.helpers.waiting import wait_until
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import CAUSES, TRAINABLE_CAUSES
+from harness.shared.errors import CAUSES, TRAINABLE_CAUSES
 from launchers.paths import REPO_ROOT, SetupMissingError, engine_python
 
 FORBIDDEN = ("openenv", "harbor", "harness", "capture")

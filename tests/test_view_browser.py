@@ -20,7 +20,7 @@ server and checks what a person would see:
     (mask 0), the verifier's reward and the advantage the trainer recorded;
   * before / after: the task's rollouts of both runs side by side;
   * the run's own held-out before/after: with the eval run's rollouts laid in the train run as its
-    eval-before/ and eval-after/ and a before_after.json made from them (as harness.learning
+    eval-before/ and eval-after/ and a before_after.json made from them (as harness.run.learning
     writes them; no more rollouts are run for it), the run page's table, the rollouts filtered
     to one side, and one eval rollout opened turn by turn.
 
@@ -43,7 +43,7 @@ from rich.console import Console
 
 from harness.audit.scripted_engine import ScriptedEngine
 from harness.eval import pass_rate_table
-from harness.learning import before_after_table
+from harness.run.learning import before_after_table
 from harness.view.browser import Browser, chromium_path
 from harness.view.data import RunData
 from harness.view.server import ViewServer
@@ -61,7 +61,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     The model is the committed tiny model: the engine is scripted, so what its weights would
     sample does not matter, and the trainer still steps on them."""
     from harness.eval import run_eval
-    from harness.run_config import RunSettings
+    from harness.shared.run_config import RunSettings
     from harness.train import run_training
     from launchers.tiny_model import build_tiny_model
 

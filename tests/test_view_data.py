@@ -24,7 +24,7 @@ import pytest
 
 from bench.view.bench import generate
 from harness.eval import pass_rate_table
-from harness.learning import before_after_table
+from harness.run.learning import before_after_table
 from harness.view.data import JsonlTail, RunData
 from harness.view.server import ViewServer
 from harness.view.turns import turns_view
@@ -195,7 +195,7 @@ def test_the_trainer_records_each_rollouts_advantage_in_its_own_place(tmp_path: 
 
 
 def _eval_side(run: Path, side: str, seed: int) -> list[dict]:
-    """<run>/<side> as harness.learning's evaluate_split writes it: the index, the rollout files
+    """<run>/<side> as harness.run.learning's evaluate_split writes it: the index, the rollout files
     and eval_summary.json, nothing of the trainer's (the rollouts come from bench/view's
     generator, one per task)."""
     source = run.parent / f"{side}-source"

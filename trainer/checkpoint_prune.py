@@ -4,7 +4,7 @@ Why its own module: pruning used to sort `checkpoint-<step>` folders by step num
 highest. A folder that already held an earlier run's `checkpoint-11` and `-12` then lost a new
 run's `checkpoint-1` the moment it was saved, and `latest` named a deleted folder. Step numbers
 order checkpoints within one run only; the order they were written in orders them across runs
-(harness.run_dir now refuses to start in such a folder without --resume or --overwrite, but a
+(harness.shared.run_dir now refuses to start in such a folder without --resume or --overwrite, but a
 resumed run, or a trainer used from Python, can still meet an earlier run's checkpoints).
 
 Write order is the modification time of `trainer_state.pt`, the last file a save writes before

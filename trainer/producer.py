@@ -212,7 +212,7 @@ class RolloutProducer:
             self._changed.notify_all()
 
     async def _one(self, g: int, k: int, task: Any) -> Any:
-        # A name, not a uuid: the rollout's sampling seed is derived from it (harness.seeds), so
+        # A name, not a uuid: the rollout's sampling seed is derived from it (harness.shared.seeds), so
         # a rerun with the same seed samples rollout k of group g alike.
         episode = f"g{g}-r{k}"
         async with self._slots:

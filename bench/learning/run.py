@@ -94,7 +94,7 @@ def reward_curves(out: Path, names: list[str]) -> dict:
 
 def write_reward_curves(out: Path, names: list[str]) -> Path:
     """OUT/reward_curves.json and OUT/reward_curves.png (seeds' mean, then controls' mean)."""
-    from harness.plots import line_figure, save_png
+    from harness.run.plots import line_figure, save_png
 
     curves = reward_curves(out, names)
     out.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ CONTROLS = {"shuffle": ["--shuffle-rewards"], "lr0": ["--learning-rate", "0"],
 
 def per_instruction_change(before_after: dict) -> dict[str, float]:
     """{instruction: (after - before) pass rate in points} from a run's before_after.json
-    (its per_task rows are already summed per instruction by harness.learning)."""
+    (its per_task rows are already summed per instruction by harness.run.learning)."""
     out = {}
     for name, row in before_after.get("per_task", {}).items():
         b, a = row["before"], row["after"]

@@ -125,7 +125,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "grading_reset_keeps_tests",
-        "harness/sandboxes/grading_state.py",
+        "harness/service/sandboxes/grading_state.py",
         '    ("/tests", 0o755, True),\n',
         '    ("/tests", 0o755, False),\n',
         ("tests/test_sandbox_grading.py",),
@@ -133,7 +133,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "grading_reset_kills_nothing",
-        "harness/sandboxes/supervisor.py",
+        "harness/service/sandboxes/supervisor.py",
         '    killed, survivors = _killall(float(header.get("timeout") or 10.0))\n',
         "    killed, survivors = 0, []\n",
         ("tests/test_sandbox_grading.py",),
@@ -141,7 +141,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "harbor_trial_skips_grading_reset",
-        "harness/sandboxes/bwrap.py",
+        "harness/service/sandboxes/bwrap.py",
         "        if self._agent_ran:\n            reset = await self.prepare_grading()\n",
         "        if False:\n            reset = await self.prepare_grading()\n",
         ("tests/test_sandbox_grading.py",),
@@ -149,7 +149,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "exec_reset_helper_kills_nothing",
-        "harness/sandboxes/reset_helper.c",
+        "harness/service/sandboxes/reset_helper.c",
         "            if (kill((pid_t)procs[i].pid, SIGKILL) == 0) killed++;\n",
         "            if (0) killed++;\n",
         (
@@ -160,7 +160,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "grader_env_keeps_the_agents_home",
-        "harness/sandboxes/grading_state.py",
+        "harness/service/sandboxes/grading_state.py",
         '    "HOME": GRADING_HOME,\n    "PYTHONPATH": GRADER_PYTHON_DIR,\n'
         '    "PYTHONNOUSERSITE": "1",\n',
         '    "PYTHONPATH": GRADER_PYTHON_DIR,\n',

@@ -57,8 +57,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from capture.fake_engine import FakeEngine  # noqa: E402
-from harness.agents.mini_swe_agent import MiniSweAgent  # noqa: E402
-from harness.factory import HarborSessionFactory  # noqa: E402
+from harness.service.agents.mini_swe_agent import MiniSweAgent  # noqa: E402
+from harness.service.factory import HarborSessionFactory  # noqa: E402
 from harness.tasks import BUNDLED_DIR  # noqa: E402
 
 HARNESS_PHASES = ("sandbox_start", "agent_start", "verify", "fetch_trace", "teardown")

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from harness.audit.scripted_engine import ScriptedEngine, shell_task
-from harness.remote import RemoteSessionFactory
+from harness.client.remote import RemoteSessionFactory
 from harness.tasks import BUNDLED_DIR
 from launchers.tiny_model import build_tiny_model
 from tests.helpers.service import start_service

@@ -26,7 +26,7 @@ from rich.console import Console  # noqa: E402
 
 from harness.audit.scripted_engine import ScriptedEngine  # noqa: E402
 from harness.eval import run_eval  # noqa: E402
-from harness.run_config import RunSettings  # noqa: E402
+from harness.shared.run_config import RunSettings  # noqa: E402
 from harness.train import run_training  # noqa: E402
 from launchers.tiny_model import build_tiny_model  # noqa: E402
 from tests.helpers.policies import TASK_DIR, GreetingPolicy  # noqa: E402

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from harness.audit.attacks import ATTACKS
 from harness.audit.run import AuditResult, audit_tasks
-from harness.tables import add_columns
+from harness.shared.tables import add_columns
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency < 1:
         err.print(f"[bold red]cannot start[/]: --concurrency must be >= 1 (got {args.concurrency})")
         return 2
-    from harness.run_config import quiet_harbor
+    from harness.shared.run_config import quiet_harbor
     from harness.tasks import load_tasks
     from launchers.tiny_model import build_tiny_model
 

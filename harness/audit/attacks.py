@@ -6,7 +6,7 @@ a wrong answer (the `nothing` attack is the control: a task that pays for doing 
 without any attack). The attacks are generic: they know neither the task nor its grader, only
 Harbor's layout (the work dir, /tests, /logs/verifier) and the tools graders commonly use.
 
-Two classes (docs: the threat model in harness/sandboxes/grading.py and bwrap.py):
+Two classes (docs: the threat model in harness/service/sandboxes/grading.py and bwrap.py):
   * the grader's own machinery (its device files, interpreters, search paths, hooks at /, the
     reward and tests paths, processes left behind): the sandbox must make these fresh whatever
     the agent did, so no task should pay for them;

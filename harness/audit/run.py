@@ -130,7 +130,7 @@ def audit_tasks(
     verifier_timeout_s: float = 60.0,
 ) -> list[AuditResult]:
     """Every attack against every task (HarborTask), one real rollout each; per task results."""
-    from harness.factory import HarborSessionFactory
+    from harness.service.factory import HarborSessionFactory
 
     copies: dict[tuple[str, str], Path] = {}
     for index, task in enumerate(tasks):

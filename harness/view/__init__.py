@@ -5,7 +5,7 @@
 
 Training an agent is mostly asking what happened: what did the agent do in this rollout, which
 tokens were trained and with what advantage, what did the verifier print, why was a group
-skipped, is staleness climbing. The run directory holds every answer (harness/run_records.py,
+skipped, is staleness climbing. The run directory holds every answer (harness/shared/run_records.py,
 trainer metrics and group records); this package puts them on one page:
 
     the run         its own held-out before/after (before_after.json: per task, overall, the

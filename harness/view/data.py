@@ -31,11 +31,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from harness.tables import PASS_THRESHOLD  # a rollout passes when env_reward >= it
+from harness.shared.tables import PASS_THRESHOLD  # a rollout passes when env_reward >= it
 
 __all__ = ["EVAL_SIDES", "JsonlTail", "RunData", "Tokenizer", "find_tokenizer"]
 
-EVAL_SIDES = ("eval-before", "eval-after")  # harness.learning's folders, in the order they run
+EVAL_SIDES = ("eval-before", "eval-after")  # harness.run.learning's folders, in the order they run
 CAUSE_ORDER = ("ok", "model_failure", "timeout", "tampered", "infra_failure",
                "verifier_failure")
 
@@ -222,7 +222,7 @@ class RunData:
                 for row in self.side(name).rollouts()]
 
     def before_after(self) -> dict[str, Any] | None:
-        """before_after.json (harness.learning), or None when the run has none."""
+        """before_after.json (harness.run.learning), or None when the run has none."""
         return _read_json(self.dir / "before_after.json")
 
     def tokenizer(self) -> tuple[Tokenizer | None, str]:

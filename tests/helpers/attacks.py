@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness.sandboxes.bwrap import BwrapEnvironment
+from harness.service.sandboxes.bwrap import BwrapEnvironment
 from tests.helpers.waiting import until
 
 __all__ = [
@@ -78,12 +78,12 @@ class AttackFirstEnvironment(RecordingEnvironment):
 
 
 def local_backend(environment: type[BwrapEnvironment] = RecordingEnvironment) -> Any:
-    """A `sandbox=` for HarborSessionFactory: the local sandbox (as harness.factory builds it
+    """A `sandbox=` for HarborSessionFactory: the local sandbox (as harness.service.factory builds it
     for "local") made as `environment`, a subclass of the local environment."""
     from harbor.models.trial.paths import TrialPaths
 
-    from harness.sandboxes.ports import sandbox_url
-    from harness.session import SandboxBackend
+    from harness.service.sandboxes.ports import sandbox_url
+    from harness.service.session import SandboxBackend
 
     def make(request: Any) -> BwrapEnvironment:
         task = request.task

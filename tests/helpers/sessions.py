@@ -13,9 +13,9 @@ import asyncio
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness.agents.base import HarnessAgent
-from harness.factory import HarborSessionFactory
-from harness.rollout import RolloutResult
+from harness.service.agents.base import HarnessAgent
+from harness.service.factory import HarborSessionFactory
+from harness.shared.rollout import RolloutResult
 from harness.tasks import BUNDLED_DIR
 
 __all__ = ["CALL", "CALL_PY", "HELLO", "SOLVE", "make_factory", "run_rollout", "script_agent"]

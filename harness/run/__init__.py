@@ -1,0 +1,1 @@
+"""See harness/__init__.py for what runs where."""

@@ -1,0 +1,298 @@
+"""Check a run's settings before any process starts, and report every problem at once.
+
+`python -m harness.run.preflight` (settings as JSON on stdin) prints the rollout side's problems:
+harness.train runs it with the rollout service's interpreter, since the trainer's process must
+not import harbor, through which tasks load.
+
+`harness.train` and `harness.eval` call `preflight()` first: each check is cheap (imports, a file
+lookup, one HTTP GET) next to starting vLLM (~25-40 s on CPU) and building sandboxes, and a list
+of every problem beats fixing them one restart at a time (torchtune's ConfigError, STYLE.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from harness.shared.run_config import HARNESSES, RunSettings, load_callable, parse_reward_funcs
+
+__all__ = ["preflight"]
+
+
+def _check_tasks(settings: RunSettings) -> list[str]:
+    from harness.tasks import load_tasks
+
+    try:
+        tasks = load_tasks(settings.tasks, count=settings.task_count)
+    except Exception as exc:  # every loader error names its fix; report it, do not crash
+        return [f"--tasks {settings.tasks!r}: {exc}"]
+    return [] if tasks else [f"--tasks {settings.tasks!r}: no tasks found"]
+
+
+def _check_sandbox(settings: RunSettings) -> list[str]:
+    from harness.service.sandboxes.expose import SANDBOX_BACKENDS, backend_problems
+
+    if settings.sandbox not in SANDBOX_BACKENDS:
+        return [f"--sandbox {settings.sandbox!r}: choose one of {', '.join(SANDBOX_BACKENDS)}"]
+    problems = [f"--sandbox {settings.sandbox}: {p}" for p in backend_problems(settings.sandbox)]
+    if SANDBOX_BACKENDS[settings.sandbox].remote and not (settings.proxy_public_url or settings.proxy_tunnel):
+        problems.append(
+            f"--sandbox {settings.sandbox} runs agents off this host, so they cannot reach the "
+            "capture proxy on 127.0.0.1: give --proxy-public-url URL (a URL that forwards to the "
+            "proxy) or --proxy-tunnel 'COMMAND {url}' (e.g. cloudflared tunnel --url {url})"
+        )
+    return problems
+
+
+def _check_engine(settings: RunSettings) -> list[str]:
+    if settings.engine_url:
+        try:
+            httpx.get(settings.engine_url.rstrip("/") + "/health", timeout=5).raise_for_status()
+        except httpx.HTTPError as exc:
+            return [f"--engine-url {settings.engine_url}: not a healthy vLLM server ({exc}); "
+                    "start one (python -m launchers.engine) or drop the flag to launch one here"]
+        return []
+    try:
+        from launchers.paths import engine_python
+
+        engine_python()
+    except FileNotFoundError as exc:
+        return [f"launching vLLM: {exc}"]
+    return []
+
+
+def _check_rollout_services(settings: RunSettings) -> list[str]:
+    """--rollout-service: an --engine-url, a key, and each service answering with that key."""
+    from harness.client.remote import KEY_ENV
+    from harness.run.stack import service_key
+
+    urls = settings.rollout_service_urls()
+    problems = []
+    if not settings.engine_url:
+        problems.append("--rollout-service without --engine-url: the services proxy the engine "
+                        "they were started with (harness.serve --engine-url); start it first "
+                        "(python -m launchers.engine) and pass the same URL as --engine-url")
+    try:
+        key = service_key(settings)
+    except OSError as exc:
+        return [*problems, f"--rollout-service-key-file {settings.rollout_service_key_file}: "
+                f"{exc}; give the file python -m harness.serve's key was read from"]
+    if not key:
+        return [*problems, f"--rollout-service: the services' key is missing; export {KEY_ENV} "
+                "or pass --rollout-service-key-file FILE (python -m harness.serve prints it)"]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            problems.append(f"--rollout-service {url!r}: not an http(s) URL")
+            continue
+        try:
+            reply = httpx.get(url.rstrip("/") + "/metrics", timeout=5,
+                              headers={"Authorization": f"Bearer {key}"})
+        except httpx.HTTPError as exc:
+            problems.append(f"--rollout-service {url}: not answering ({exc}); start it "
+                            "(python -m harness.serve --engine-url ...) or drop it from the list")
+            continue
+        if reply.status_code == 401:
+            problems.append(f"--rollout-service {url}: the key was refused; give the key that "
+                            f"service was started with ({KEY_ENV} or --rollout-service-key-file)")
+        elif reply.status_code != 200 or "max_sessions" not in reply.text:
+            problems.append(f"--rollout-service {url}: not a rollout service (GET /metrics: "
+                            f"HTTP {reply.status_code})")
+    if problems:
+        return problems
+    from harness.client.remote import ServicePool
+
+    pool = ServicePool(urls, key)
+    try:
+        for flag, split, count in (("--tasks", settings.tasks, settings.task_count),
+                                   ("--eval-tasks", settings.eval_tasks, None)):
+            if split is None:
+                continue
+            for url, answer in pool.tasks(split, count).items():
+                if isinstance(answer, str):
+                    problems.append(f"{flag} {split!r} on the rollout service {url}: {answer}")
+    finally:
+        pool.close()
+    return problems
+
+
+def _check_run_dir(settings: RunSettings, *, kind: str) -> list[str]:
+    from harness.shared.run_dir import check_run_dir
+
+    return check_run_dir(settings.output_dir, kind, resume=settings.resume and kind == "train",
+                         overwrite=settings.overwrite)
+
+
+def _wait_for_ready(settings: RunSettings, remote: bool) -> list[str]:
+    from harness.run.ready import Target, wait_ready
+
+    targets = []
+    if settings.engine_url:
+        targets.append(Target("--engine-url", settings.engine_url, "the vLLM engine"))
+    if remote:
+        targets += [Target("--rollout-service", url, "the rollout service")
+                    for url in settings.rollout_service_urls()
+                    if url.startswith(("http://", "https://"))]
+    if settings.ready_timeout_s <= 0:
+        return [f"--ready-timeout-s {settings.ready_timeout_s}: must be > 0"]
+    return wait_ready(targets, settings.ready_timeout_s) if targets else []
+
+
+def _check_model(settings: RunSettings) -> list[str]:
+    if settings.model is None:
+        return []
+    path = Path(settings.model)
+    looks_like_path = settings.model.startswith((".", "/", "~")) or path.exists()
+    if looks_like_path and not (path.expanduser() / "config.json").exists():
+        return [f"--model {settings.model}: no config.json there; give an HF model directory"]
+    return []
+
+
+def _check_rewards(settings: RunSettings) -> list[str]:
+    problems = []
+    if settings.reward_fn:
+        try:
+            load_callable(settings.reward_fn)
+        except Exception as exc:
+            problems.append(f"--reward-fn {settings.reward_fn}: {exc}")
+    try:
+        names = [name for name, _, _ in parse_reward_funcs(settings.reward_funcs or [])]
+        if len(set(names)) != len(names):
+            problems.append(f"--reward-funcs: names must be unique, got {names}")
+    except Exception as exc:
+        problems.append(f"--reward-funcs {exc}")
+    return problems
+
+
+def _check_resume(settings: RunSettings) -> list[str]:
+    if not settings.resume or settings.output_dir is None:
+        return []  # no --output-dir with --resume: _check_run_dir names it
+    from trainer.checkpoint import find_latest
+
+    if find_latest(str(Path(settings.output_dir) / "trainer")) is None:
+        return [f"--resume: no checkpoint under {settings.output_dir}/trainer; drop --resume to "
+                "start fresh, or point --output-dir at the run to resume"]
+    return []
+
+
+def rollout_problems(settings: RunSettings, *, train: bool) -> list[str]:
+    """The checks that need harbor: tasks load through Harbor's Task, sandboxes are its
+    environments. Run where rollouts run (in-process for harness.eval; in the rollout service's
+    interpreter for harness.train, whose process must not import harbor)."""
+    problems = _check_tasks(settings) + _check_sandbox(settings)
+    if train:
+        from harness.run.learning import eval_task_problems
+
+        problems += eval_task_problems(settings)
+    return problems
+
+
+class _RolloutCheck:
+    """`rollout_problems` in a child process of the service's interpreter, started first so it
+    runs while this process checks the rest (the trainer's config imports torch)."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        import dataclasses
+        import json
+        import subprocess
+
+        from harness.run.stack import service_python
+        from launchers.paths import REPO_ROOT
+
+        self.process = subprocess.Popen(
+            [service_python(), "-m", "harness.run.preflight"], cwd=REPO_ROOT, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.payload = json.dumps(dataclasses.asdict(settings))
+
+    def problems(self) -> list[str]:
+        import json
+
+        out, err = self.process.communicate(self.payload, timeout=300)
+        if self.process.returncode != 0:
+            return [f"checking the tasks and the sandbox failed (python -m harness.run.preflight "
+                    f"exited {self.process.returncode}): {err.strip()[-2000:]}"]
+        return list(json.loads(out.strip().splitlines()[-1]))
+
+
+def preflight(settings: RunSettings, *, train: bool) -> list[str]:
+    """Every problem with `settings`, each naming the flag and the fix; [] when the run can start.
+
+    harness.train (train=True) checks the rollout side where it runs: a --rollout-service is
+    asked (it answers, takes the key, loads --tasks and --eval-tasks), else the local service's
+    interpreter checks tasks and sandbox in a child process (rollout_problems).
+    """
+    problems: list[str] = []
+    remote = train and bool(settings.rollout_service_urls())
+    child = _RolloutCheck(settings) if train and not remote else None
+    if settings.harness not in HARNESSES:
+        problems.append(f"--harness {settings.harness!r}: choose one of {', '.join(HARNESSES)}")
+    problems += _check_run_dir(settings, kind="train" if train else "eval")
+    # Processes started beside this one (the GPU quick start) may still be loading: wait for
+    # them with a deadline before asking them anything (harness.run.ready).
+    not_ready = _wait_for_ready(settings, remote)
+    problems += not_ready  # what never answered is not asked anything else below
+    if settings.weight_sync and settings.engine_url and train and not not_ready:
+        # A running engine was started by someone else; it must expose the weight-transfer routes.
+        problems += _check_weight_transfer_routes(settings.engine_url)
+    problems += _check_model(settings)
+    if remote and not not_ready:
+        # The services load the tasks, run the sandboxes and expose their own proxies.
+        problems += _check_rollout_services(settings)
+    elif not train:
+        problems += rollout_problems(settings, train=False)
+    if not (settings.engine_url and not_ready):
+        problems += _check_engine(settings)
+    if train:
+        problems += _check_rewards(settings)
+        problems += _check_resume(settings)
+        problems += [f"trainer: {_as_flags(p)}" for p in settings.trainer_config().validate()]
+        from harness.run.learning import before_after_problems  # it imports harness.eval (us)
+
+        problems += before_after_problems(settings)
+    if settings.max_concurrent_rollouts < 1:
+        problems.append("--max-concurrent-rollouts must be >= 1")
+    if child is not None:
+        problems += child.problems()
+    return problems
+
+
+# Trainer config fields whose flag has another name here.
+_FLAG_NAMES = {"max_steps": "--steps", "num_generations": "--num-generations",
+               "max_concurrent_rollouts": "--max-concurrent-rollouts",
+               "learning_rate": "--learning-rate", "max_tokens": "--max-tokens",
+               "groups_per_step": "--groups-per-step", "temperature": "--temperature"}
+
+
+def _as_flags(problem: str) -> str:
+    field = problem.split("=", 1)[0]
+    return problem.replace(field, _FLAG_NAMES[field], 1) if field in _FLAG_NAMES else problem
+
+
+def _check_weight_transfer_routes(engine_url: str) -> list[str]:
+    try:
+        response = httpx.get(engine_url.rstrip("/") + "/openapi.json", timeout=5)
+        paths = response.json().get("paths", {}) if response.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return []  # unreachable engines are reported by _check_engine
+    if "/update_weights" not in paths:
+        return [f"--engine-url {engine_url}: the engine has no weight-transfer routes; restart it "
+                "with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"nccl\"}' "
+                "(GPU) or '{\"backend\": \"harness_gloo\"}' (CPU), or pass --no-weight-sync"]
+    return []
+
+
+def _main() -> int:
+    """`python -m harness.run.preflight` < settings JSON: print rollout_problems as one JSON line."""
+    import json
+    import sys
+
+    from harness.shared.run_config import quiet_harbor
+
+    quiet_harbor()
+    settings = RunSettings(**json.loads(sys.stdin.read()))
+    print(json.dumps(rollout_problems(settings, train=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,218 @@
+"""The rollout service's HTTP routes (serve.py's docstring lists them): auth, JSON, long polls.
+
+Every route but /health wants the service key; each handler gets the `RolloutService` and the
+JSON body, and answers a refusal 400, an unknown id 404, a session failure 422 with
+{"error": {type, cause, retryable, message}} (`error_json`) so the client raises the same
+`harness.shared.errors` class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import uuid
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from harness.service.state import BadRequest, OpenSession, RolloutService, error_json, result_json
+
+__all__ = ["create_app"]
+
+MAX_POLL_S = 30.0  # the longest a long poll holds a request open
+
+
+def _service(request: Request) -> RolloutService:
+    return request.app.state.service
+
+
+def _authorized(request: Request) -> bool:
+    # As bytes: a header with non-ASCII characters is a wrong key (401), never a TypeError (500).
+    given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+    return secrets.compare_digest(given, f"Bearer {_service(request).key}".encode())
+
+
+def _route(handler: Any) -> Any:
+    """Auth, JSON bodies and errors for every route but /health, in one place."""
+    async def wrapped(request: Request) -> Response:
+        if not _authorized(request):
+            return JSONResponse({"error": {"type": "Unauthorized", "message": "send the service "
+                                           "key as 'Authorization: Bearer <key>'"}}, 401)
+        try:
+            body: dict[str, Any] = {}
+            if request.method in ("POST", "PUT"):
+                raw = await request.body()
+                body = json.loads(raw) if raw else {}
+                if not isinstance(body, dict):
+                    raise BadRequest("the body must be a JSON object")
+            return await handler(request, _service(request), body)
+        except (BadRequest, json.JSONDecodeError) as exc:
+            return JSONResponse({"error": {"type": "BadRequest", "message": str(exc)}}, 400)
+        except KeyError as exc:
+            return JSONResponse({"error": {"type": "NotFound", "message": f"no {exc.args[0]} "
+                                           "here (finished and fetched, or never made)"}}, 404)
+    return wrapped
+
+
+async def health(request: Request) -> Response:
+    s = _service(request)
+    return JSONResponse({"ok": True, "in_flight": s.in_flight, "max_sessions": s.max_sessions})
+
+
+async def metrics(request: Request, s: RolloutService, body: dict) -> Response:
+    return JSONResponse(s.metrics())
+
+
+async def weight_version(request: Request, s: RolloutService, body: dict) -> Response:
+    version = body.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise BadRequest('send {"version": <int>}')
+    await s.set_weight_version(version)
+    return JSONResponse({"version": version})
+
+
+def _wait_s(value: Any) -> float:
+    try:
+        return max(0.0, min(MAX_POLL_S, float(value or 0.0)))
+    except (TypeError, ValueError):
+        raise BadRequest(f"wait_s must be a number of seconds, not {value!r}") from None
+
+
+async def list_tasks(request: Request, s: RolloutService, body: dict) -> Response:
+    """The tasks a split spec loads to here, in the order seeds pick them (seed k: k % n)."""
+    from harness.tasks import load_tasks
+
+    split, count = body.get("split") or s.tasks, body.get("task_count")
+    try:
+        tasks = await asyncio.to_thread(load_tasks, split, count=count)
+    except Exception as exc:  # every loader error names its fix
+        raise BadRequest(f"tasks {split!r}: {exc}") from exc
+    if not tasks:
+        raise BadRequest(f"tasks {split!r}: no tasks found")
+    return JSONResponse({"split": split, "tasks": [t.full_name or t.name for t in tasks]})
+
+
+async def create_rollout(request: Request, s: RolloutService, body: dict) -> Response:
+    busy = s.admit()
+    if busy is not None:
+        return busy
+    return JSONResponse({"id": await s.start_rollout(body)}, 202)
+
+
+async def get_rollout(request: Request, s: RolloutService, body: dict) -> Response:
+    rid = request.path_params["rid"]
+    job = s.rollouts.get(rid)
+    if job is None:
+        raise KeyError(f"rollout {rid}")
+    await asyncio.wait({job.task}, timeout=_wait_s(request.query_params.get("wait_s")))
+    if not job.task.done():
+        return JSONResponse({"done": False})
+    del s.rollouts[rid]  # handed over: the client holds it now
+    if job.task.cancelled():
+        return JSONResponse({"done": True, "result": None, "error": "cancelled"})
+    return JSONResponse({"done": True, "result": result_json(job.task.result())})
+
+
+async def delete_rollout(request: Request, s: RolloutService, body: dict) -> Response:
+    job = s.rollouts.pop(request.path_params["rid"], None)
+    if job is not None and not job.task.done():
+        job.task.cancel()
+        await asyncio.wait({job.task})
+    return JSONResponse({"deleted": request.path_params["rid"]})
+
+
+async def create_session(request: Request, s: RolloutService, body: dict) -> Response:
+    busy = s.admit()
+    if busy is not None:
+        return busy
+    sid = uuid.uuid4().hex
+    s.sessions[sid] = OpenSession(None)  # holds its slot while it starts
+    try:
+        await s.catch_up(body)
+        factory = await s.factory(body.get("factory") or {})
+        session = await factory.a_create(body.get("task"), seed=body.get("seed"),
+                                         episode_id=body.get("episode_id"))
+    except BadRequest:
+        del s.sessions[sid]
+        raise
+    except Exception as exc:
+        del s.sessions[sid]
+        return JSONResponse(error_json(exc), 422)
+    s.sessions[sid].session = session
+    return JSONResponse({"id": sid, "task_id": session.task_id})
+
+
+def _open(s: RolloutService, request: Request) -> OpenSession:
+    sid = request.path_params["sid"]
+    held = s.sessions.get(sid)
+    if held is None or held.session is None:
+        raise KeyError(f"session {sid}")
+    return held
+
+
+async def wait_session(request: Request, s: RolloutService, body: dict) -> Response:
+    held = _open(s, request)
+    if held.waiter is None:
+        held.waiter = asyncio.create_task(held.session.a_wait_for_completion(body.get("timeout_s")))
+    await asyncio.wait({held.waiter}, timeout=_wait_s(body.get("wait_s")))
+    if not held.waiter.done():
+        return JSONResponse({"done": False})
+    exc = held.waiter.exception()
+    if exc is not None:
+        return JSONResponse(error_json(exc), 422)
+    return JSONResponse({"done": True, "exit_code": held.waiter.result(),
+                         "timed_out": held.session.timed_out})
+
+
+async def session_trace(request: Request, s: RolloutService, body: dict) -> Response:
+    held = _open(s, request)
+    try:
+        trace = await held.session.a_fetch_training_trace()
+    except Exception as exc:
+        return JSONResponse(error_json(exc), 422)
+    return JSONResponse({"trace": trace.model_dump(mode="json"),
+                         "entries": trace.to_trace_entries()})
+
+
+async def verify_session(request: Request, s: RolloutService, body: dict) -> Response:
+    held = _open(s, request)
+    try:
+        verdict = await held.session.a_verify(body.get("transcript"))
+    except Exception as exc:
+        return JSONResponse(error_json(exc), 422)
+    return JSONResponse({"env_reward": verdict.env_reward, "done": verdict.done,
+                         "metrics": verdict.metrics, "artifacts": verdict.artifacts})
+
+
+async def close_session(request: Request, s: RolloutService, body: dict) -> Response:
+    sid = request.path_params["sid"]
+    held = s.sessions.get(sid)
+    if held is not None and held.session is not None:
+        if held.waiter is not None and not held.waiter.done():
+            held.waiter.cancel()
+        await held.session.a_close()
+        s.sessions.pop(sid, None)
+    return JSONResponse({"closed": sid})
+
+
+def create_app(service: RolloutService) -> Starlette:
+    app = Starlette(routes=[
+        Route("/health", health),
+        Route("/metrics", _route(metrics)),
+        Route("/v1/weight_version", _route(weight_version), methods=["POST"]),
+        Route("/v1/tasks", _route(list_tasks), methods=["POST"]),
+        Route("/v1/rollouts", _route(create_rollout), methods=["POST"]),
+        Route("/v1/rollouts/{rid}", _route(get_rollout), methods=["GET"]),
+        Route("/v1/rollouts/{rid}", _route(delete_rollout), methods=["DELETE"]),
+        Route("/v1/sessions", _route(create_session), methods=["POST"]),
+        Route("/v1/sessions/{sid}/wait", _route(wait_session), methods=["POST"]),
+        Route("/v1/sessions/{sid}/trace", _route(session_trace), methods=["GET"]),
+        Route("/v1/sessions/{sid}/verify", _route(verify_session), methods=["POST"]),
+        Route("/v1/sessions/{sid}", _route(close_session), methods=["DELETE"]),
+    ])
+    app.state.service = service
+    return app

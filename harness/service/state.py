@@ -1,0 +1,288 @@
+"""The rollout service's state: its capture proxy, factories by options, rollouts and sessions.
+
+What `python -m harness.serve` (serve.py: the command, the docstring with the routes) serves over
+HTTP (harness/service/routes.py). It runs in the service's process only (harbor, openenv through
+`HarborSessionFactory`), never in the trainer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from harness.shared.errors import CAUSES, HarnessError, cause_of
+
+__all__ = ["FACTORY_OPTIONS", "BadRequest", "Job", "OpenSession", "RolloutService", "error_json",
+           "result_json"]
+
+# Factory options a client may set; anything else in `factory` is refused by name.
+FACTORY_OPTIONS = frozenset({
+    "split", "task_count", "harness", "sandbox", "model", "sampling", "max_tokens",
+    "agent_timeout_s", "verifier_timeout_s", "max_steps", "reward_key", "max_attempts",
+    "backoff_s", "preinstalled", "rollout_caps",
+})
+
+
+class BadRequest(Exception):
+    """A request the service refuses (400), with what to send instead."""
+
+
+def result_json(result: Any) -> dict[str, Any]:
+    """A RolloutResult as JSON: the trace as OpenEnv's dump plus its trace entries."""
+    outcome = result.outcome
+    trace = result.trace
+    return {
+        "cause": result.cause,
+        "task_id": result.task_id,
+        "seed": result.seed,
+        "episode_id": result.episode_id,
+        "env_reward": result.env_reward,
+        "rewards": dict(result.rewards),
+        "error": result.error,
+        "attempts": result.attempts,
+        "timings": dict(result.timings),
+        "verifier_output": result.verifier_output,
+        "trace": None if trace is None else trace.model_dump(mode="json"),
+        "entries": None if trace is None else trace.to_trace_entries(),
+        "outcome": None if outcome is None else {
+            "env_reward": outcome.env_reward,
+            "completion": outcome.completion,
+            "tool_call_count": outcome.tool_call_count,
+            "tool_failure_count": outcome.tool_failure_count,
+            "tool_calls_by_name": outcome.tool_calls_by_name,
+            "timed_out": outcome.timed_out,
+        },
+    }
+
+
+def error_json(exc: BaseException) -> dict[str, Any]:
+    return {"error": {
+        "type": type(exc).__name__,
+        "cause": cause_of(exc),
+        "retryable": bool(isinstance(exc, HarnessError) and exc.retryable),
+        "timeout": isinstance(exc, TimeoutError),
+        "message": str(exc)[:4000],
+    }}
+
+
+@dataclass
+class Job:
+    task: asyncio.Task[Any]
+    started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
+
+
+@dataclass
+class OpenSession:
+    session: Any  # HarborSession
+    waiter: asyncio.Task[int] | None = None
+
+
+class RolloutService:
+    """The service's state: its capture proxy, factories by options, rollouts and sessions."""
+
+    def __init__(self, engine_url: str, *, key: str, tasks: str = "bundled",
+                 task_count: int | None = None, max_sessions: int = 8,
+                 data_dir: Path | None = None, result_ttl_s: float = 3600.0,
+                 defaults: dict[str, Any] | None = None, proxy_host: str = "127.0.0.1",
+                 proxy_port: int = 0, proxy_public_url: str | None = None,
+                 proxy_tunnel: str | None = None, sandbox: str = "local") -> None:
+        if max_sessions < 1:
+            raise ValueError(f"--max-sessions must be >= 1 (got {max_sessions})")
+        self.engine_url = engine_url.rstrip("/")
+        self.key = key
+        self.tasks = tasks
+        self.task_count = task_count
+        self.max_sessions = max_sessions
+        self.data_dir = data_dir
+        self.result_ttl_s = result_ttl_s
+        self.defaults = dict(defaults or {})
+        self.proxy_options = {"host": proxy_host, "port": proxy_port,
+                              "public_url": proxy_public_url}
+        self.proxy_tunnel = proxy_tunnel
+        self.sandbox = sandbox  # the sandboxes the proxy is exposed to (remote: public URL)
+        self.proxy: Any = None  # CaptureServer, started in start()
+        self.exposure: Any = None  # harness.service.sandboxes.expose.ProxyExposure, for remote sandboxes
+        self.factories: dict[str, Any] = {}
+        self.rollouts: dict[str, Job] = {}
+        self.sessions: dict[str, OpenSession] = {}
+        self.admitted = 0
+        self.rejected = 0
+        self.starting = 0  # admitted, its factory still being made: holds its slot
+        self.durations: list[float] = []  # seconds of each finished rollout, for Retry-After
+        self._factory_lock = asyncio.Lock()
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        # Import the rollout machinery (harbor, openenv) now, not in the first client's request.
+        import harness.service.factory  # noqa: F401
+        from capture.server import CaptureServer
+
+        self.proxy = CaptureServer(
+            self.engine_url, data_dir=None if self.data_dir is None else self.data_dir / "capture",
+            **self.proxy_options)
+        self.proxy.start()
+        if self.sandbox != "local":
+            from harness.service.sandboxes.expose import expose_proxy
+
+            try:
+                self.exposure = expose_proxy(
+                    self.proxy.url, sandbox=self.sandbox,
+                    public_url=self.proxy_options["public_url"], tunnel_command=self.proxy_tunnel)
+            except BaseException:
+                self.proxy.stop()
+                raise
+            # Session base URLs handed to agents must be the public ones (a tunnel's is only
+            # known once it is up).
+            self.proxy.state.public_url = self.exposure.public_url
+
+    async def stop(self) -> None:
+        for job in list(self.rollouts.values()):
+            job.task.cancel()
+        await asyncio.gather(*(j.task for j in self.rollouts.values()), return_exceptions=True)
+        await asyncio.gather(*(s.session.a_close() for s in self.sessions.values()),
+                             return_exceptions=True)
+        for factory in self.factories.values():
+            with contextlib.suppress(Exception):
+                await factory.aclose()
+        if self.exposure is not None:
+            self.exposure.close()
+        if self.proxy is not None:
+            self.proxy.stop()
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        running = sum(1 for j in self.rollouts.values() if j.finished is None)
+        return running + len(self.sessions) + self.starting
+
+    def retry_after_s(self) -> int:
+        """A hint: a slot frees about every mean-rollout-time / max_sessions seconds."""
+        recent = self.durations[-50:]
+        mean = sum(recent) / len(recent) if recent else 5.0
+        return max(1, min(60, round(mean / self.max_sessions)))
+
+    def admit(self) -> Response | None:
+        self._forget_stale()
+        if self.in_flight >= self.max_sessions:
+            self.rejected += 1
+            return JSONResponse(
+                {"error": {"type": "Busy", "message": f"{self.in_flight} of {self.max_sessions} "
+                           "sessions in flight; retry later or use another service"}},
+                status_code=429, headers={"Retry-After": str(self.retry_after_s())})
+        self.admitted += 1
+        return None
+
+    def _forget_stale(self) -> None:
+        now = time.monotonic()
+        for rid, job in list(self.rollouts.items()):
+            if job.finished is not None and now - job.finished > self.result_ttl_s:
+                del self.rollouts[rid]
+
+    async def factory(self, options: dict[str, Any]) -> Any:
+        """The HarborSessionFactory for these options (made once, in a thread: tasks load)."""
+        unknown = sorted(set(options) - FACTORY_OPTIONS)
+        if unknown:
+            raise BadRequest(f"unknown factory option(s) {unknown}; known: {sorted(FACTORY_OPTIONS)}")
+        merged = {**self.defaults, **{k: v for k, v in options.items() if v is not None}}
+        key = hashlib.sha256(json.dumps(merged, sort_keys=True, default=str).encode()).hexdigest()
+        async with self._factory_lock:
+            made = self.factories.get(key)
+            if made is None:
+                made = await asyncio.to_thread(self._make_factory, merged)
+                self.factories[key] = made
+        return made
+
+    def _make_factory(self, options: dict[str, Any]) -> Any:
+        from harness.service.factory import HarborSessionFactory
+        from harness.tasks import load_tasks
+
+        options = dict(options)
+        split = options.pop("split", None)
+        count = options.pop("task_count", None)
+        try:
+            if split is None or isinstance(split, str):
+                split = load_tasks(split or self.tasks, count=count or self.task_count)
+            return HarborSessionFactory(
+                self.proxy.admin_url, admin_key=self.proxy.admin_key, split=split,
+                llm_url=self.engine_url, max_concurrent_rollouts=self.max_sessions, **options)
+        except Exception as exc:  # the client's options: its tasks, agent or limits are wrong
+            raise BadRequest(f"cannot make a session factory from these options: "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+    # ---- rollouts ------------------------------------------------------------------------------
+
+    async def catch_up(self, body: dict[str, Any]) -> None:
+        """Take the client's weight version when this proxy missed it (down or restarted).
+
+        Only ever raised: a body built just before a push may carry the version before it. (A
+        service serves one engine's run; a new run on a fresh engine restarts it or POSTs
+        /v1/weight_version, which sets the version exactly.)"""
+        version = body.get("weight_version")
+        if isinstance(version, int) and not isinstance(version, bool) \
+                and version > self.proxy.state.weight_version:
+            await self.set_weight_version(version)
+
+    async def set_weight_version(self, version: int) -> None:
+        from capture.client import AsyncCaptureClient
+
+        async with AsyncCaptureClient(self.proxy.admin_url, self.proxy.admin_key) as capture:
+            await capture.set_weight_version(version)
+
+    async def start_rollout(self, body: dict[str, Any]) -> str:
+        """Start an admitted rollout (its slot was taken by `admit()`, held while starting)."""
+        self.starting += 1
+        try:
+            await self.catch_up(body)
+            factory = await self.factory(body.get("factory") or {})
+            try:  # a task the split lacks is the caller's mistake: a 400 now, not a 500 later
+                factory.pick_task(body.get("task"), body.get("seed"))
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from exc
+        finally:
+            self.starting -= 1
+        rid = uuid.uuid4().hex
+        job = Job(asyncio.create_task(factory.rollout(
+            task=body.get("task"), seed=body.get("seed"), episode_id=body.get("episode_id"))))
+        self.rollouts[rid] = job
+
+        def finished(_: asyncio.Task[Any]) -> None:
+            job.finished = time.monotonic()
+            self.durations.append(job.finished - job.started)
+
+        job.task.add_done_callback(finished)
+        return rid
+
+    def counts(self) -> dict[str, int]:
+        total = dict.fromkeys(CAUSES, 0)
+        for factory in self.factories.values():
+            for cause, n in factory.counts.items():
+                total[cause] += n
+        return total
+
+    def metrics(self) -> dict[str, Any]:
+        recent = self.durations[-100:]
+        return {
+            "in_flight": self.in_flight,
+            "max_sessions": self.max_sessions,
+            "admitted": self.admitted,
+            "rejected": self.rejected,
+            "rollouts_by_cause": self.counts(),
+            "retries": sum(f.retries for f in self.factories.values()),
+            "results_held": sum(1 for j in self.rollouts.values() if j.finished is not None),
+            "open_sessions": len(self.sessions),
+            "rollout_s_mean": sum(recent) / len(recent) if recent else None,
+            "factories": len(self.factories),
+            "weight_version": self.proxy.state.weight_version,  # what its proxy stamps on calls
+        }
