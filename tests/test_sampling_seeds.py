@@ -22,7 +22,7 @@ from capture.sessions import Session
 from capture.upstream import loads
 from harness.shared.seeds import check_run_seed, eval_rollouts, rollout_seed
 from launchers.engine import Engine
-from tests.test_capture_early import SYSTEM, TOOLS, agent_loop, step
+from tests.helpers.chat_agent import SYSTEM, TOOLS, agent_loop, step
 
 CHAT = DIALECTS["chat"]
 TRANSLATE = CHAT.message_translator()
