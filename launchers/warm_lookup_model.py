@@ -18,14 +18,18 @@ proxy, with both turns:
    instruction's source -> `cat SOURCE`) and second turns (the tool result's word and the
    instruction's target -> `echo WORD > TARGET`). Hundreds of words make copying the word out of
    the tool result the only fit; no row pairs two of the family's names (`_Turns.swaps`), so
-   reading each name from the instruction is the only way to the right file. A noisy teacher
-   (`--wrong-first`, `--wrong-word`): a share of the taught first calls read another file and a
-   share of the taught second calls write another word than the one shown. Taught only right
-   rows, the model is already at ~90% on dev (300/100/100 steps: first 98%, word 94%), and at
-   100/40/40 steps it does not copy at all (word 6%): the copy is learnt in a jump, so the step
-   counts cannot place it in the band where RL has room. The noise can: the model reads the
-   right file and writes the shown word about as often as it was taught to, and what RL has to
-   learn is to do it every time. The
+   reading each name from the instruction is the only way to the right file.
+
+   Where the build lands (dev probe, 2026-12-03, 4 samples x 12 instructions): bare/short/full
+   steps 300/100/100 copy the shown word 94% of the time after reading the right file 98%:
+   nothing left for RL. 100/40/40 never learnt the copy (6%). The committed 300/100/30 reads the
+   right file 98% and writes the shown word 15% (chance among the family's words: 1 in 8): the
+   copy is learnt on short prompts but barely carried over to mini-swe-agent's 1,400-token one,
+   and that carry-over is what RL has to do: act on what the first step observed. A noisy
+   teacher (`--wrong-first`, `--wrong-word`: a share of taught first calls read another file,
+   a share of taught second calls write another word) does not calibrate this model: any noise
+   in the last stage left the copy at 0-17%, `--calibrate-steps` (noisy first turns after clean
+   stages) was not measured to the end. The
    curriculum of warm_model.py: the instruction under a one-line system prompt, then the
    prompt cut after the instruction, then the whole prompt.
 3. probe: T=1 samples on the *dev* prompts (a dev prompt is a captured train prompt with the
@@ -68,8 +72,8 @@ __all__ = ["LOOKUP_MODEL", "build_lookup_model", "committed_lookup_model", "synt
 
 LOOKUP_MODEL = REPO_ROOT / "models" / "tiny-qwen3-lookup"
 REBUILD = "python -m launchers.warm_lookup_model --commit"
-BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 100, 2e-3, 0, 900
-WRONG_FIRST, WRONG_WORD = 0.4, 0.5  # the noisy teacher (_Turns.swaps)
+BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 30, 2e-3, 0, 900
+WRONG_FIRST, WRONG_WORD = 0.0, 0.0  # the noisy teacher (_Turns.swaps): off, see the docstring
 _COMMAND = re.compile(r'"command": "(.*?)"\}\}\n</tool_call>')
 
 
