@@ -147,3 +147,21 @@ def test_the_summary_counts_the_rollouts_trained_apart_from_those_finished_ahead
     trained, ahead = split_trained(records, steps=2, groups_per_step=4)
     assert len(trained) == 16 and [r["episode_id"] for r in ahead] == ["g8-r0"]
     assert split_trained(records, steps=0, groups_per_step=4) == ([], records)
+
+
+def test_before_after_json_holds_the_per_step_rates_it_printed(tmp_path: Path):
+    # The per-step rates were printed and then added to the data after the file was written, so
+    # before_after.json of a lookup run lacked them (found in the seed-0 run of 2026-12-03).
+    settings = RunSettings(eval_tasks="lookup:test", eval_rollouts_per_task=1)
+    out = io.StringIO()
+    learning = BeforeAfter(settings, None, tmp_path, Console(file=out, width=120), eval_tasks=[])
+    rates = {"before": {"looked": 0.9, "used_observation": 0.05, "passed": 0.05, "n": 96},
+             "after": {"looked": 0.95, "used_observation": 0.25, "passed": 0.2, "n": 96}}
+    for label in ("before", "after"):
+        learning.summaries[label] = {"passed": 1, "scored": 2, "unscored": 0, "per_task": {
+            "lookup-key-answer-t0-table": {"passed": 1, "scored": 2, "unscored": 0}},
+            "step_rates": rates[label]}
+    data = learning.after()
+    written = json.loads((tmp_path / "before_after.json").read_text())
+    assert written["step_rates"] == data["step_rates"] == rates
+    assert "wrote the word the file showed" in out.getvalue() and "+20.0 points" in out.getvalue()

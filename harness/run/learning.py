@@ -101,11 +101,13 @@ class BeforeAfter:
                     shuffled_rewards=self.settings.shuffle_rewards,
                     flipped_rewards=self.settings.flip_rewards,
                     learning_rate=self.settings.learning_rate, seed=self.settings.seed)
-        (self.run_dir / "before_after.json").write_text(json.dumps(data, indent=1))
-        self.console.print(table)
+        steps_table = None
         if self.summaries["before"].get("step_rates") or self.summaries["after"].get("step_rates"):
             steps_table, data["step_rates"] = step_rates_table(
                 self.summaries["before"].get("step_rates"), self.summaries["after"].get("step_rates"))
+        (self.run_dir / "before_after.json").write_text(json.dumps(data, indent=1))
+        self.console.print(table)
+        if steps_table is not None:
             self.console.print(steps_table)
         return data
 
