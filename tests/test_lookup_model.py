@@ -4,9 +4,15 @@ reads the tool result.
 
 What must hold without rebuilding it (minutes): it is what the main command resolves to for
 mini-swe-agent on lookup:*, every file matches its BUILD.json sha256, the build record says it
-saw the train instructions only, and, measured from the weights with nothing sampled, after a
-`cat` whose result shows a word, it ranks that word first among the family's 8 far more often
-than chance, while the model it was built from does not (so the check can fail).
+saw the train instructions only, and, measured from the weights with nothing sampled (so the same
+on every machine), on the dev instructions: its first step reads the file the instruction names
+(`cat SOURCE` ranked first among the family's 4 sources), and after a `cat` whose result shows a
+word it ranks that word above the others more than the model it was built from does. Each figure
+is compared with the base model's, so a check that could not fail would show.
+
+The copy is left weak on purpose (the build's probe: the shown word in ~15% of dev samples, the
+right file in ~98%): that is what RL has to learn. The bounds below are the measured figures
+with a margin, not the probe's stored numbers.
 """
 
 from __future__ import annotations
@@ -49,24 +55,25 @@ def test_the_main_commands_model_is_the_committed_lookup_warm_start_with_every_f
         COMMITTED_MODEL / "tokenizer.json").read_bytes()
 
 
-def test_it_saw_train_instructions_only_and_its_probe_left_rl_room_on_dev():
+def test_it_saw_one_rollout_per_train_instruction_and_was_probed_on_dev_not_test():
     build = _build()
     train_instructions = {t.metadata["instruction_id"] for t in lookup_tasks("train")}
     assert build["captured_rollouts"] == len(train_instructions)
-    dev = build["probe"]["after"]["dev"]
-    assert build["probe"]["before"]["dev"]["second"] == 0.0
-    assert dev["value"] >= 0.5, dev  # it copies the word it was shown
-    assert 0.05 <= dev["first"] * dev["second"] <= 0.7, dev  # neither hopeless nor solved
+    assert set(build["probe"]["after"]) == {"dev", "train"}  # test decides nothing
 
 
-def _prompt(tok, instruction: str, source: str, word: str) -> list[int]:
-    """mini-swe-agent's second prompt, rendered by the model's own chat template: its recorded
-    first prompt (the dialect fixture) with `instruction`, the `cat` call, and the tool result
-    as mini-swe-agent sends it (JSON with returncode and output)."""
+def _prompt(tok, instruction: str, source: str | None, word: str = "") -> list[int]:
+    """mini-swe-agent's prompt, rendered by the model's own chat template: its recorded first
+    prompt (the dialect fixture) with `instruction`; with a `source`, the second prompt: the
+    `cat` call and the tool result as mini-swe-agent sends it (JSON with returncode and output)."""
     body = json.loads((FIXTURES / "dialects" / "mini" / "00_chat.json").read_text())["body"]
     recorded = "Say hi by running echo hi in the shell."
     messages = [dict(m) for m in body["messages"]]
     messages[1]["content"] = messages[1]["content"].replace(recorded, instruction)
+    if source is None:
+        text = tok.apply_chat_template(messages, tools=body["tools"], add_generation_prompt=True,
+                                       tokenize=False)
+        return tok.encode(text, add_special_tokens=False)
     messages.append({"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_0", "type": "function",
          "function": {"name": "bash", "arguments": {"command": f"cat {source}"}}}]})
@@ -77,46 +84,61 @@ def _prompt(tok, instruction: str, source: str, word: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def _copy_ranks(model_dir: Path) -> list[int]:
-    """Per (dev instruction, shown word): the rank (0 = first) of the shown word among the
-    family's 8, by the model's log-probability of the whole call `echo W > TARGET`. Teacher-
-    forced: the same number on every run."""
+def _rank(model, prompt: list[int], calls: list[list[int]], right: int) -> int:
+    """The rank (0 = first) of `calls[right]` among `calls` by the model's log-probability of the
+    whole call after `prompt`. Teacher-forced: the same number on every run."""
+    width = len(prompt) + max(map(len, calls))
+    ids = torch.zeros(len(calls), width, dtype=torch.long)
+    for i, c in enumerate(calls):  # right-padded: a causal model never sees the padding
+        ids[i, :len(prompt) + len(c)] = torch.tensor(prompt + c)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits.float(), -1)
+    scores = [logp[i, len(prompt) - 1:len(prompt) + len(c) - 1]
+              .gather(1, torch.tensor(c)[:, None]).sum().item() for i, c in enumerate(calls)]
+    order = sorted(range(len(calls)), key=lambda i: -scores[i])
+    return order.index(right)
+
+
+def _dev_ranks(model_dir: Path) -> tuple[list[int], list[int]]:
+    """Per dev instruction: the rank of `cat SOURCE` among the 4 sources (first step); per
+    (dev instruction, shown word): the rank of `echo W > TARGET` for the shown word among the
+    family's 8 (second step, after the `cat` showed it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from harness.audit.scripted_engine import tool_call
+    from harness.tasks.lookup import SOURCES
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def call(command: str) -> list[int]:
+        return tok.encode(tool_call("bash", command=command), add_special_tokens=False)
+
     seen: dict[str, dict] = {}
     for task in lookup_tasks("dev"):
         seen.setdefault(task.metadata["instruction_id"], {**task.metadata,
                                                           "text": task.instruction.strip()})
-    ranks = []
-    for meta in sorted(seen.values(), key=lambda m: m["instruction_id"])[::3]:
-        calls = [tok.encode(tool_call("bash", command=f"echo {w} > {meta['target']}"),
-                            add_special_tokens=False) for w in VALUES]
+    first, copy = [], []
+    for meta in sorted(seen.values(), key=lambda m: m["instruction_id"]):
+        first.append(_rank(model, _prompt(tok, meta["text"], None),
+                           [call(f"cat {s}") for s in SOURCES], SOURCES.index(meta["source"])))
+        writes = [call(f"echo {w} > {meta['target']}") for w in VALUES]
         for shown in VALUES[::2]:
-            p = _prompt(tok, meta["text"], meta["source"], shown)
-            width = len(p) + max(map(len, calls))
-            ids = torch.zeros(len(calls), width, dtype=torch.long)
-            for i, c in enumerate(calls):  # right-padded: a causal model never sees the padding
-                ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-            with torch.no_grad():
-                logp = torch.log_softmax(model(ids).logits.float(), -1)
-            scores = [logp[i, len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(c)[:, None])
-                      .sum().item() for i, c in enumerate(calls)]
-            order = sorted(range(len(VALUES)), key=lambda i: -scores[i])
-            ranks.append(order.index(VALUES.index(shown)))
-    return ranks
+            copy.append(_rank(model, _prompt(tok, meta["text"], meta["source"], shown), writes,
+                              VALUES.index(shown)))
+    return first, copy
 
 
-def test_after_a_cat_it_names_the_word_the_tool_result_showed_and_its_base_does_not():
+def test_it_reads_the_named_file_and_ranks_the_shown_word_higher_than_its_base():
     build = _build()
     base = COMMITTED_MODEL if build["base"] == COMMITTED_MODEL.name else (
         LOOKUP_MODEL.parent / build["base"])
-    warm, before = _copy_ranks(LOOKUP_MODEL), _copy_ranks(base)
-    assert sum(r == 0 for r in warm) >= 0.75 * len(warm), warm
-    assert sum(r == 0 for r in before) <= 0.4 * len(before), before  # chance: 1 in 8
+    (warm_first, warm_copy), (base_first, base_copy) = _dev_ranks(LOOKUP_MODEL), _dev_ranks(base)
+    top = lambda ranks: sum(r == 0 for r in ranks) / len(ranks)  # noqa: E731
+    mean = lambda ranks: sum(ranks) / len(ranks)  # noqa: E731
+    assert top(warm_first) >= 0.8 and top(base_first) <= 0.5, (warm_first, base_first)
+    assert mean(warm_copy) < mean(base_copy), (warm_copy, base_copy)
+    assert top(warm_copy) > top(base_copy), (warm_copy, base_copy)
 
 
 def test_the_synthetic_vocabulary_holds_no_family_word_or_name():
