@@ -167,7 +167,7 @@ LOG="$LOGS/tiny-model.log"
 say "$STEP (progress: tail -f $LOG)"
 .venv/bin/python -m launchers.tiny_model >"$LOG" 2>&1
 # The default model the main command trains: the base warm-started on the create-file family.
-.venv/bin/python -c "from launchers.warm_model import committed_warm_model as m; print(m())" \
+.venv/bin/python -c "from launchers.warm_models import committed_warm_model as m; print(m())" \
   >>"$LOG" 2>&1
 trap - ERR
 say "ready: $(tail -n 1 "$LOG")"

@@ -19,6 +19,9 @@ that the trainer's process never imports the service's):
     harness/run/        the process a train/eval command runs in, around the rollouts: stack
                         (engine, proxy, service), preflight, ready, learning, plots, eval_weights
     harness/tasks/      task specs and loaders (local folder, registry dataset, HF dataset repo)
+    harness/warm/       the warm-start builders, run by hand (`python -m harness.warm.X --commit`):
+                        SFT on scripted rollouts captured through the real agent and proxy into
+                        the committed models/; offline, minutes; never imported by train or serve
 """
 
 __all__: list[str] = []

@@ -37,9 +37,9 @@ vLLM cannot share a venv with openenv, so the trainer runs from .trainer-venv
 (requirements/trainer-gpu.txt) and the service from .venv (launchers/hf_jobs.py does it all).
 
 The default, `python -m harness.train --harness mini-swe-agent`, is the learning demonstration on a
-CPU (issue 18): the warm-started tiny model (launchers/warm_model.py) on the create-file family's
-train tasks, the held-out tasks evaluated before and after, the verifier's reward alone. On GPUs
-point --model at a real checkpoint and --engine-url at vLLM.
+CPU (issue 18): the warm-started tiny model (harness/warm/create_file.py) on the create-file
+family's train tasks, the held-out tasks evaluated before and after, the verifier's reward alone.
+On GPUs point --model at a real checkpoint and --engine-url at vLLM.
 """
 
 from __future__ import annotations

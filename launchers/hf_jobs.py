@@ -90,7 +90,7 @@ CODE_MOUNT = "/harness-code"
 CODE_ARCHIVE = "harness.tar.gz"
 JOB_WORKDIR = "/tmp/harness"
 SECRET_NAMES = ("HF_TOKEN", "E2B_API_KEY")
-# harness.shared.run_config.RunSettings' default --harness and launchers.warm_model's default model
+# harness.shared.run_config.RunSettings' default --harness and launchers.warm_models' default model
 # folder (tests/test_same_weights.py checks both against the code that owns them).
 DEFAULT_HARNESS = "mini-swe-agent"
 WARM_MODEL_NAME = "tiny-qwen3-create-file"

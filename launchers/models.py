@@ -89,10 +89,10 @@ def resolve_model(spec: str | None, *, harness: str | None = None, tasks: str | 
 
     None is the default model, committed under models/: on the lookup family (`tasks`
     lookup:*) with mini-swe-agent (or no harness), the tiny model warm-started on its train
-    pairs (tiny-qwen3-lookup, launchers/warm_lookup_model.py); otherwise the tiny model
+    pairs (tiny-qwen3-lookup, harness/warm/lookup.py); otherwise the tiny model
     warm-started on the create-file family's train tasks in `harness`'s own prompt format
-    (tiny-qwen3-create-file by launchers/warm_model.py for mini-swe-agent and no harness;
-    tiny-qwen3-create-file-{codex,opencode,claude-code} by launchers/warm_agent_model.py for those
+    (tiny-qwen3-create-file by harness/warm/create_file.py for mini-swe-agent and no harness;
+    tiny-qwen3-create-file-{codex,opencode,claude-code} by harness/warm/agents.py for those
     three); its files
     checked against BUILD.json; a run's --seed sets its sampling and training, not which model it
     starts from); an existing directory is used as
@@ -100,12 +100,14 @@ def resolve_model(spec: str | None, *, harness: str | None = None, tasks: str | 
     `endpoint`/`token` default to huggingface_hub's own (HF_ENDPOINT, HF_TOKEN or the saved login).
     """
     if spec is None:
-        from launchers.warm_agent_model import AGENT_WARM_MODELS, committed_agent_warm_model
-        from launchers.warm_model import committed_warm_model
+        from launchers.warm_models import (
+            AGENT_WARM_MODELS,
+            committed_agent_warm_model,
+            committed_lookup_model,
+            committed_warm_model,
+        )
 
         if lookup_default(harness, tasks):
-            from launchers.warm_lookup_model import committed_lookup_model
-
             return ResolvedModel(committed_lookup_model(), "tiny")
         if harness in AGENT_WARM_MODELS:
             return ResolvedModel(committed_agent_warm_model(harness), "tiny")

@@ -25,14 +25,10 @@ import pytest
 import torch
 
 from harness.tasks.lookup import VALUES, lookup_tasks, source_text
+from harness.warm.lookup import synthetic_vocabulary
 from launchers.models import resolve_model
 from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
-from launchers.warm_lookup_model import (
-    LOOKUP_MODEL,
-    REBUILD,
-    committed_lookup_model,
-    synthetic_vocabulary,
-)
+from launchers.warm_models import LOOKUP_MODEL, LOOKUP_REBUILD, committed_lookup_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -50,7 +46,7 @@ def test_the_main_commands_model_is_the_committed_lookup_warm_start_with_every_f
     build = _build()
     on_disk = {p.name for p in LOOKUP_MODEL.iterdir() if p.is_file() and p.name != "BUILD.json"}
     assert on_disk == set(build["files"]) and {"model.safetensors", "tokenizer.json"} <= on_disk
-    assert build["built_by"] == REBUILD
+    assert build["built_by"] == LOOKUP_REBUILD
     assert (LOOKUP_MODEL / "tokenizer.json").read_bytes() == (
         COMMITTED_MODEL / "tokenizer.json").read_bytes()
 

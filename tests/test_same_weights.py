@@ -47,8 +47,7 @@ def _models(commands: dict[str, str]) -> tuple[str | None, str | None]:
 
 
 def test_the_launchers_defaults_are_the_ones_harness_train_uses() -> None:
-    from launchers.warm_lookup_model import LOOKUP_MODEL
-    from launchers.warm_model import WARM_MODEL
+    from launchers.warm_models import LOOKUP_MODEL, WARM_MODEL
 
     assert RunSettings().harness == hf_jobs.DEFAULT_HARNESS
     assert WARM_MODEL.name == hf_jobs.WARM_MODEL_NAME

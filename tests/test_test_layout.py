@@ -78,7 +78,7 @@ def test_no_module_imports_a_test_module() -> None:
 def test_the_scan_reads_every_test_module_and_the_helpers() -> None:
     scanned = {p.relative_to(REPO).as_posix() for p in python_files()}
     assert "tests/test_trainer_step.py" in scanned and "tests/helpers/trainer.py" in scanned
-    assert "bench/view/real_run.py" in scanned and "launchers/warm_model.py" in scanned
+    assert "bench/view/real_run.py" in scanned and "launchers/warm_models.py" in scanned
 
 
 # Written with {t} standing for "tests.", so that issue 37's grep over the repo for imports of

@@ -1,5 +1,5 @@
 # .venv/bin/python -m pytest tests/test_warm_agent_model.py -q
-"""The agents' own warm starts (launchers/warm_agent_model.py).
+"""The agents' own warm starts (harness/warm/agents.py).
 
 What must hold without rebuilding them (a few minutes each): `--harness codex` / `opencode` /
 `claude-code` start from their own committed build and mini-swe-agent from the default; every
@@ -21,16 +21,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from harness.tasks.family import family_tasks
+from harness.warm.agents import PrefixSFT, shared_prefix
+from harness.warm.create_file import completion_loss, round_trip_text
 from launchers.models import resolve_model
 from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
-from launchers.warm_agent_model import (
+from launchers.warm_models import (
     AGENT_WARM_MODELS,
-    PrefixSFT,
+    WARM_MODEL,
     committed_agent_warm_model,
     rebuild_command,
-    shared_prefix,
 )
-from launchers.warm_model import WARM_MODEL, completion_loss, round_trip_text
 
 
 @pytest.mark.parametrize("harness", sorted(AGENT_WARM_MODELS))

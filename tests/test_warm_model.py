@@ -1,7 +1,7 @@
 # .venv/bin/python -m pytest tests/test_warm_model.py -q
 """The default model is the committed warm start, hashed, built from train instances only.
 
-`python -m harness.train` starts from models/tiny-qwen3-create-file (launchers/warm_model.py):
+`python -m harness.train` starts from models/tiny-qwen3-create-file (harness/warm/create_file.py):
 the tiny model fine-tuned on traces a scripted policy left through the capture proxy on the
 create-file family's *train* instances. What must hold without rebuilding it (~5 min): it is what
 `--model` resolves to by default, every file matches its BUILD.json sha256 (a changed file is
@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from harness.tasks.family import NAMES, WORDS, family_tasks
+from harness.warm.create_file import synthetic_instructions
 from launchers.models import resolve_model
 from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
-from launchers.warm_model import REBUILD, WARM_MODEL, committed_warm_model, synthetic_instructions
+from launchers.warm_models import REBUILD, WARM_MODEL, committed_warm_model
 from trainer.loop import _pack_budget
 from trainer.rows import Row
 

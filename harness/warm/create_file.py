@@ -39,8 +39,11 @@ The result is committed under models/tiny-qwen3-create-file/ (1.3 MB of weights,
 every file's sha256, checked each time it is used) so every machine trains the same bytes and
 set-up builds nothing:
 
-    .venv/bin/python -m launchers.warm_model --commit      # ~5 min on 2 cores
-    .venv/bin/python -m launchers.warm_model --out DIR     # build elsewhere, print the probe
+    .venv/bin/python -m harness.warm.create_file --commit    # ~5 min on 2 cores
+    .venv/bin/python -m harness.warm.create_file --out DIR   # build elsewhere, print the probe
+
+(launchers/warm_models.py holds the committed folder and its hash check, `committed_warm_model`:
+what `--model` resolves to needs no builder.)
 
 Measured 2026-12-01 (2 cores; 4 T=1 samples per prompt, so 48 held-out and 144 train samples,
 +-6-7 points of standard error): the tiny model before SFT, held-out 0%, train 0%; the
@@ -67,13 +70,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from launchers.paths import REPO_ROOT
-from launchers.tiny_model import TinyModelError, build_tiny_model, check_build_hashes
+from launchers.tiny_model import build_tiny_model
+from launchers.warm_models import REBUILD, WARM_MODEL
 
-__all__ = ["WARM_MODEL", "build_warm_model", "committed_warm_model", "synthetic_instructions"]
+__all__ = ["build_warm_model", "synthetic_instructions"]
 
-WARM_MODEL = REPO_ROOT / "models" / "tiny-qwen3-create-file"
-REBUILD = "python -m launchers.warm_model --commit"
 BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, BATCH, SEED = 800, 150, 100, 2e-3, 8, 0
 SYNTHETIC = 600  # first turns whose words and names come from outside the family
 _ASSIST = "<|im_end|>\n<|im_start|>assistant\n"
@@ -81,15 +82,6 @@ _ASSIST = "<|im_end|>\n<|im_start|>assistant\n"
 _BARE = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
          "Please solve this issue: ")
 _SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-
-
-def committed_warm_model(directory: Path = WARM_MODEL) -> Path:
-    """The committed warm-started model, every file checked against its BUILD.json sha256."""
-    if not (directory / "BUILD.json").exists():
-        raise TinyModelError(f"{directory} has no BUILD.json: restore it (git checkout -- "
-                             f"{directory}) or rebuild it with `{REBUILD}`")
-    check_build_hashes(directory, rebuild=REBUILD)
-    return directory
 
 
 def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dict]:
@@ -409,7 +401,7 @@ def commit(built: Path, record: dict, directory: Path = WARM_MODEL, rebuild: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launchers.warm_model",
+    parser = argparse.ArgumentParser(prog="python -m harness.warm.create_file",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--commit", action="store_true", help=f"write the result to {WARM_MODEL}")
     parser.add_argument("--out", type=Path, help="build into this directory instead")

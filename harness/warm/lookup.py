@@ -2,7 +2,7 @@
 
 Why (issue 32): the main command's family is now multi-step (harness/tasks/lookup.py): look at
 the source file, then write the word it holds into the target. The create-file warm start
-(launchers/warm_model.py) never saw a tool result, so it cannot act on one. This builds the
+(harness/warm/create_file.py) never saw a tool result, so it cannot act on one. This builds the
 starting policy the same way, by supervised fine-tuning on traces captured through the capture
 proxy, with both turns:
 
@@ -30,7 +30,7 @@ proxy, with both turns:
    a share of taught second calls write another word) does not calibrate this model: any noise
    in the last stage left the copy at 0-17%, `--calibrate-steps` (noisy first turns after clean
    stages) was not measured to the end. The
-   curriculum of warm_model.py: the instruction under a one-line system prompt, then the
+   curriculum of create_file.py: the instruction under a one-line system prompt, then the
    prompt cut after the instruction, then the whole prompt.
 3. probe: T=1 samples on the *dev* prompts (a dev prompt is a captured train prompt with the
    instruction, source, target and word swapped; the ids round-trip through the tokenizer):
@@ -38,10 +38,11 @@ proxy, with both turns:
    target counted apart.
 
 The target is the band where GRPO has room to move (roughly 15-45% whole-episode passes), not
-the highest score. The result is committed under models/tiny-qwen3-lookup/ with BUILD.json:
+the highest score. The result is committed under models/tiny-qwen3-lookup/ with BUILD.json
+(launchers/warm_models.py: LOOKUP_MODEL, `committed_lookup_model`):
 
-    .venv/bin/python -m launchers.warm_lookup_model --commit     # minutes on 2 cores
-    .venv/bin/python -m launchers.warm_lookup_model --out DIR    # build elsewhere, print the probe
+    .venv/bin/python -m harness.warm.lookup --commit     # minutes on 2 cores
+    .venv/bin/python -m harness.warm.lookup --out DIR    # build elsewhere, print the probe
 """
 
 from __future__ import annotations
@@ -56,9 +57,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from launchers.paths import REPO_ROOT
-from launchers.tiny_model import TinyModelError, build_tiny_model, check_build_hashes
-from launchers.warm_model import (
+from harness.warm.create_file import (
     _ASSIST,
     _BARE,
     completion_loss,
@@ -67,23 +66,15 @@ from launchers.warm_model import (
     save_model,
     sft_steps,
 )
+from launchers.tiny_model import build_tiny_model
+from launchers.warm_models import LOOKUP_MODEL
+from launchers.warm_models import LOOKUP_REBUILD as REBUILD
 
-__all__ = ["LOOKUP_MODEL", "build_lookup_model", "committed_lookup_model", "synthetic_vocabulary"]
+__all__ = ["build_lookup_model", "synthetic_vocabulary"]
 
-LOOKUP_MODEL = REPO_ROOT / "models" / "tiny-qwen3-lookup"
-REBUILD = "python -m launchers.warm_lookup_model --commit"
 BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 30, 2e-3, 0, 900
 WRONG_FIRST, WRONG_WORD = 0.0, 0.0  # the noisy teacher (_Turns.swaps): off, see the docstring
 _COMMAND = re.compile(r'"command": "(.*?)"\}\}\n</tool_call>')
-
-
-def committed_lookup_model(directory: Path = LOOKUP_MODEL) -> Path:
-    """The committed lookup warm start, every file checked against its BUILD.json sha256."""
-    if not (directory / "BUILD.json").exists():
-        raise TinyModelError(f"{directory} has no BUILD.json: restore it (git checkout -- "
-                             f"{directory}) or rebuild it with `{REBUILD}`")
-    check_build_hashes(directory, rebuild=REBUILD)
-    return directory
 
 
 def _last_tool_text(request: dict) -> str:
@@ -329,7 +320,7 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     if base is None:
-        from launchers.warm_model import committed_warm_model
+        from launchers.warm_models import committed_warm_model
 
         base = committed_warm_model()
     with tempfile.TemporaryDirectory(prefix="lookup-capture-") as scratch:
@@ -372,7 +363,7 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launchers.warm_lookup_model",
+    parser = argparse.ArgumentParser(prog="python -m harness.warm.lookup",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--commit", action="store_true",
                         help=f"write the result to {LOOKUP_MODEL}")

@@ -1,6 +1,6 @@
 """Warm starts for the agents whose prompts are not mini-swe-agent's: Codex, opencode, Claude Code.
 
-Why it exists (issue 18 item 6): the default model (launchers/warm_model.py) learnt to read the
+Why it exists (issue 18 item 6): the default model (harness/warm/create_file.py) learnt to read the
 create-file instruction inside mini-swe-agent's ~1,000-token prompt and to answer with its `bash`
 call. Codex sends a 13.2k-token prompt and wants `exec_command` with a `cmd`; opencode sends
 9.7k tokens and wants `bash`; Claude Code sends 21.0k tokens (with `--disable-slash-commands`;
@@ -17,7 +17,7 @@ own format the way the default was taught, from traces captured through the prox
    three stages (`STEPS`): "bare", the instruction under a one-line system prompt answered with
    the agent's call (the call's shape, cheap); "short", the agent's prompt cut right after the
    instruction; "full", the agent's whole prompt.
-3. probe: T=1 first turns on every held-out and train prompt, counted as launchers/warm_model.py
+3. probe: T=1 first turns on every held-out and train prompt, counted as harness/warm/create_file.py
    counts them (a pass is the shell call `echo WORD > NAME`; word and file apart).
 
 Why a shared-prefix cache: every first turn of one agent is the same ~13-14k tokens (system
@@ -30,11 +30,11 @@ whole sequence, is what moves those.
 
 Each build is committed under models/tiny-qwen3-create-file-{codex,opencode,claude-code}/ (1.3 MB
 each, BUILD.json with every file's sha256) and is what `--model` resolves to for that `--harness`
-(AGENT_WARM_MODELS):
+(launchers/warm_models.py: AGENT_WARM_MODELS, `committed_agent_warm_model`):
 
-    .venv/bin/python -m launchers.warm_agent_model --harness codex --commit
-    .venv/bin/python -m launchers.warm_agent_model --harness opencode --commit
-    .venv/bin/python -m launchers.warm_agent_model --harness claude-code --commit
+    .venv/bin/python -m harness.warm.agents --harness codex --commit
+    .venv/bin/python -m harness.warm.agents --harness opencode --commit
+    .venv/bin/python -m harness.warm.agents --harness claude-code --commit
 
 Measured 2026-12-02 (2 cores; 4 T=1 samples per prompt, 48 held-out and 144 train):
 - Codex (200 bare + 250 full steps, 7.5 min after a 1 min capture): held-out pass 0% -> 42%
@@ -63,13 +63,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from launchers.paths import REPO_ROOT
-from launchers.warm_model import (
+from harness.warm.create_file import (
     _ASSIST,
     _BARE,
-    WARM_MODEL,
     capture_train_traces,
-    committed_warm_model,
     completion_loss,
     finish_build,
     round_trip_text,
@@ -78,14 +75,16 @@ from launchers.warm_model import (
     synthetic_instructions,
     tally_first_turn,
 )
+from launchers.paths import REPO_ROOT
+from launchers.warm_models import (
+    AGENT_WARM_MODELS,
+    AGENTS,
+    committed_warm_model,
+    rebuild_command,
+)
 
-__all__ = ["AGENT_WARM_MODELS", "build_agent_warm_model", "committed_agent_warm_model",
-           "PrefixSFT"]
+__all__ = ["build_agent_warm_model", "PrefixSFT"]
 
-# The agents this script builds for, each with its build committed (the default model of that
-# --harness).
-AGENTS = ("codex", "claude-code", "opencode")
-AGENT_WARM_MODELS = {h: REPO_ROOT / "models" / f"tiny-qwen3-create-file-{h}" for h in AGENTS}
 LR, BATCH, SEED, SYNTHETIC = 2e-3, 8, 0, 600
 # (bare, short, full) steps per agent. Codex's instruction is the prompt's last message, so its
 # whole prompt is cheap once the prefix is cached; Claude Code's is followed by ~1k tokens (its
@@ -94,26 +93,6 @@ LR, BATCH, SEED, SYNTHETIC = 2e-3, 8, 0, 600
 STEPS = {"codex": (200, 0, 250), "claude-code": (200, 0, 150), "opencode": (200, 0, 80)}
 # A shell call's command in the agent's own argument (Codex `cmd`, the others `command`).
 _COMMAND = re.compile(r'"(?:cmd|command)": "((?:[^"\\]|\\.)*)"')
-
-
-def rebuild_command(harness: str) -> str:
-    return f"python -m launchers.warm_agent_model --harness {harness} --commit"
-
-
-def committed_agent_warm_model(harness: str, directory: Path | None = None) -> Path:
-    """The committed warm start for `harness` (or the build in `directory`), every file checked
-    against its BUILD.json."""
-    if harness not in AGENT_WARM_MODELS:
-        raise ValueError(f"no agent warm start for {harness!r}; there are "
-                         f"{sorted(AGENT_WARM_MODELS)} (mini-swe-agent's is {WARM_MODEL.name})")
-    from launchers.tiny_model import TinyModelError, check_build_hashes
-
-    directory = directory or AGENT_WARM_MODELS[harness]
-    if not (directory / "BUILD.json").exists():
-        raise TinyModelError(f"{directory} has no BUILD.json: restore it (git checkout -- "
-                             f"{directory}) or rebuild it with `{rebuild_command(harness)}`")
-    check_build_hashes(directory, rebuild=rebuild_command(harness))
-    return directory
 
 
 class PrefixSFT:
@@ -269,7 +248,7 @@ class _AgentWarmStart:
 
     def probe(self, split: str, samples: int, prefix: PrefixSFT) -> dict:
         """First-turn rates at T=1: {"pass", "word", "file", "formed", "n"}, as
-        launchers/warm_model.py counts them (a pass: the shell call `echo WORD > NAME`)."""
+        harness/warm/create_file.py counts them (a pass: the shell call `echo WORD > NAME`)."""
         self.model.eval()
         prefix.refresh()
         counts = dict.fromkeys(("pass", "word", "file", "formed"), 0)
@@ -326,7 +305,7 @@ def build_agent_warm_model(harness: str, out: Path, *, seed: int = SEED,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launchers.warm_agent_model",
+    parser = argparse.ArgumentParser(prog="python -m harness.warm.agents",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--harness", required=True, choices=AGENTS)
     parser.add_argument("--commit", action="store_true",
@@ -353,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         print(finish_build(out, record, directory if args.commit else None,
                            rebuild=rebuild_command(args.harness)))
         if args.commit and args.harness not in AGENT_WARM_MODELS:
-            print(f"add {args.harness!r} to AGENT_WARM_MODELS to make it --harness "
-                  f"{args.harness}'s default model")
+            print(f"add {args.harness!r} to AGENT_WARM_MODELS (launchers/warm_models.py) to "
+                  f"make it --harness {args.harness}'s default model")
     return 0
 
 
