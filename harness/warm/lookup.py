@@ -20,17 +20,18 @@ proxy, with both turns:
    the tool result the only fit; no row pairs two of the family's names (`_Turns.swaps`), so
    reading each name from the instruction is the only way to the right file.
 
-   Where the build lands (dev probe, 2026-12-03, 4 samples x 12 instructions): bare/short/full
-   steps 300/100/100 copy the shown word 94% of the time after reading the right file 98%:
-   nothing left for RL. 100/40/40 never learnt the copy (6%). The committed 300/100/30 reads the
-   right file 98% and writes the shown word 15% (chance among the family's words: 1 in 8): the
-   copy is learnt on short prompts but barely carried over to mini-swe-agent's 1,400-token one,
-   and that carry-over is what RL has to do: act on what the first step observed. A noisy
-   teacher (`--wrong-first`, `--wrong-word`: a share of taught first calls read another file,
-   a share of taught second calls write another word) does not calibrate this model: any noise
-   in the last stage left the copy at 0-17%, `--calibrate-steps` (noisy first turns after clean
-   stages) was not measured to the end. The
-   curriculum of create_file.py: the instruction under a one-line system prompt, then the
+   Where the build lands (dev probe, 2026-12-03, 4 samples x 12 instructions, +-6 points; the
+   full-prompt steps after 300 bare and 100 short ones; all read the right file first 90-98%):
+   full steps 30, 45, 60, 75: the shown word 15%, 6%, 10%, 8% (chance among the family's words:
+   1 in 8; the copy is learnt on short prompts and not carried over to mini-swe-agent's
+   1,400-token one); 88: 21%; 93: 25%; 97 (committed): 25% on dev, 30% on train; an earlier
+   build at 100 (code of that morning) 94%, nothing left for RL. 100/40/40 never learnt the copy
+   (6%). The carry-over to the whole prompt is what RL has to finish: act on what the first step
+   observed. A noisy teacher (`--wrong-first`, `--wrong-word`: a share of taught first calls read
+   another file, a share of taught second calls write another word) does not calibrate this
+   model: any noise in the last stage left the copy at 0-17%; `--calibrate-steps` (noisy first
+   turns after clean stages) was not measured to the end.
+   The curriculum of create_file.py: the instruction under a one-line system prompt, then the
    prompt cut after the instruction, then the whole prompt.
 3. probe: T=1 samples on the *dev* prompts (a dev prompt is a captured train prompt with the
    instruction, source, target and word swapped; the ids round-trip through the tokenizer):
@@ -72,7 +73,7 @@ from launchers.warm_models import LOOKUP_REBUILD as REBUILD
 
 __all__ = ["build_lookup_model", "synthetic_vocabulary"]
 
-BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 30, 2e-3, 0, 900
+BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 97, 2e-3, 0, 900
 WRONG_FIRST, WRONG_WORD = 0.0, 0.0  # the noisy teacher (_Turns.swaps): off, see the docstring
 _COMMAND = re.compile(r'"command": "(.*?)"\}\}\n</tool_call>')
 
