@@ -125,6 +125,7 @@ def _dev_ranks(model_dir: Path) -> tuple[list[int], list[int]]:
     return first, copy
 
 
+@pytest.mark.slow  # ~400 forward passes of a 1,400-token prompt, two models: minutes
 def test_it_reads_the_named_file_and_ranks_the_shown_word_higher_than_its_base():
     build = _build()
     base = COMMITTED_MODEL if build["base"] == COMMITTED_MODEL.name else (
