@@ -9,7 +9,7 @@ that the trainer's process never imports the service's):
 
     harness/            the commands: train, eval, serve, view/, audit/ (`python -m harness.X`)
     harness/shared/     every process: errors, the rollout and outcome types, tables, run config,
-                        run folders and records, sampling seeds
+                        run folders and records, sampling seeds, per_loop
     harness/service/    the rollout service's process (`python -m harness.serve`, or eval's
                         in-process stack): state, routes, factory, session, session_loop,
                         proxy_link, sandboxes/ (bubblewrap, grading), agents/ (opencode,

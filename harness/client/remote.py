@@ -66,6 +66,7 @@ from harness.shared.errors import (
     VerifierError,
 )
 from harness.shared.outcome import HarnessRolloutOutcome
+from harness.shared.per_loop import PerLoop
 
 __all__ = ["KEY_ENV", "JsonTrace", "RemoteRolloutResult", "RemoteSession",
            "RemoteSessionFactory", "ServiceLostError", "ServicePool"]
@@ -210,20 +211,17 @@ class ServicePool:
         self.timeout = httpx.Timeout(request_timeout_s, connect=connect_timeout_s)
         self._headers = {"Authorization": f"Bearer {key}"}
         self._sync = httpx.Client(headers=self._headers, timeout=self.timeout, trust_env=False)
-        self._async: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+        self._async = PerLoop(self._new_aclient, usable=lambda c: not c.is_closed)
         self._lock = threading.Lock()
         # The engine's weight version as last told: sent with every new rollout and session too,
         # so a service that missed an update (down, restarted) stamps the right version anyway.
         self.weight_version: int | None = None
 
     def aclient(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        entry = self._async.get(id(loop))
-        if entry is None or entry[0] is not loop or entry[1].is_closed:
-            client = httpx.AsyncClient(headers=self._headers, timeout=self.timeout,
-                                       trust_env=False)
-            entry = self._async[id(loop)] = (loop, client)
-        return entry[1]
+        return self._async.get()
+
+    def _new_aclient(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(headers=self._headers, timeout=self.timeout, trust_env=False)
 
     @property
     def client(self) -> httpx.Client:
@@ -295,9 +293,9 @@ class ServicePool:
 
     async def aclose_loop(self) -> None:
         """Close the async client of the running event loop (each loop has its own)."""
-        entry = self._async.pop(id(asyncio.get_running_loop()), None)
-        if entry is not None:
-            await entry[1].aclose()
+        client = self._async.pop()
+        if client is not None:
+            await client.aclose()
 
     async def aclose(self) -> None:
         await self.aclose_loop()
@@ -356,7 +354,8 @@ class RemoteSessionFactory:
         self.counts: dict[Cause, int] = dict.fromkeys(CAUSES, 0)
         self.retries = 0
         self.lost = 0  # rollouts lost with a service that died
-        self._semaphores: dict[int, asyncio.Semaphore] = {}
+        # Rollouts in flight on one event loop: an asyncio semaphore belongs to its loop.
+        self._semaphores = PerLoop(lambda: asyncio.Semaphore(self.max_concurrent_rollouts))
 
     # ---- whole rollouts (the trainer's RolloutSource) ------------------------------------------
 
@@ -364,7 +363,7 @@ class RemoteSessionFactory:
                       episode_id: str | None = None) -> RemoteRolloutResult:
         """One rollout on the least-loaded service; never raises for the rollout's failure."""
         episode_id = episode_id or uuid.uuid4().hex
-        async with self._semaphore():
+        async with self._semaphores.get():
             t0 = time.monotonic()  # after this client's own queue: the service's share only
             result = await self._rollout(task, seed, episode_id)
         # client_total - total: admission, HTTP, the long poll's wake-up, the trace's JSON.
@@ -529,13 +528,6 @@ class RemoteSessionFactory:
         if self._owns_pool:
             self.pool.close()
 
-    def _semaphore(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        sem = self._semaphores.get(id(loop))
-        if sem is None:
-            sem = self._semaphores[id(loop)] = asyncio.Semaphore(self.max_concurrent_rollouts)
-        return sem
-
 
 class RemoteSession:
     """One session on a service; OpenEnv's TrainableSession surface over HTTP (sync + async)."""
@@ -570,9 +562,7 @@ class RemoteSession:
         try:
             return await coro
         finally:
-            entry = self.pool._async.pop(id(asyncio.get_running_loop()), None)
-            if entry is not None:
-                await entry[1].aclose()
+            await self.pool.aclose_loop()
 
     async def a_wait_for_completion(self, timeout_s: float | None = None) -> int:
         while True:
