@@ -9,13 +9,15 @@ that the trainer's process never imports the service's):
 
     harness/            the commands: train, eval, serve, view/, audit/ (`python -m harness.X`)
     harness/shared/     every process: errors, the rollout and outcome types, tables, run config,
-                        run folders and records, sampling seeds
+                        run folders and records, sampling seeds, per_loop
     harness/service/    the rollout service's process (`python -m harness.serve`, or eval's
-                        in-process stack): state, routes, factory, session, session_loop,
-                        proxy_link, sandboxes/ (bubblewrap, grading), agents/ (opencode,
-                        claude-code, codex, mini-swe-agent)
-    harness/client/     the trainer's process: remote (RemoteSessionFactory, no openenv or harbor),
-                        spawn (starts `python -m harness.serve` as a child process)
+                        in-process stack): state, routes, factory, session (with session_config,
+                        session_grading, session_steps, session_loop), proxy_link, sandboxes/
+                        (bubblewrap, grading), agents/ (opencode, claude-code, codex,
+                        mini-swe-agent)
+    harness/client/     the trainer's process: remote (RemoteSessionFactory, no openenv or harbor;
+                        with service_pool, remote_session, remote_results, remote_errors), spawn
+                        (starts `python -m harness.serve` as a child process)
     harness/run/        the process a train/eval command runs in, around the rollouts: stack
                         (engine, proxy, service), preflight, ready, learning, plots, eval_weights
     harness/tasks/      task specs and loaders (local folder, registry dataset, HF dataset repo)

@@ -22,7 +22,10 @@ MODULES = [
     "harness.service.proxy_link",
     "harness.shared.rollout",
     "harness.service.session",
+    "harness.service.session_config",
+    "harness.service.session_grading",
     "harness.service.session_loop",
+    "harness.service.session_steps",
 ]
 
 

@@ -487,12 +487,12 @@ def test_explicit_success_records_of_responses_and_messages_win_over_the_words()
 def test_the_verifier_output_tail_is_kept_from_the_trial_dir(tmp_path) -> None:
     # Harbor writes the grader's streams into the trial dir, which close() deletes: the record
     # keeps their tails, so a run shows why a rollout got its grade.
-    from harness.service.session import VERIFIER_OUTPUT_CHARS, _verifier_output
+    from harness.service.session_grading import VERIFIER_OUTPUT_CHARS, verifier_output
 
-    assert _verifier_output(tmp_path) is None
+    assert verifier_output(tmp_path) is None
     (tmp_path / "verifier").mkdir()
     (tmp_path / "verifier" / "test-stdout.txt").write_text("x" * 20000 + "1 passed")
     (tmp_path / "verifier" / "test-stderr.txt").write_text("warning: slow")
-    out = _verifier_output(tmp_path)
+    out = verifier_output(tmp_path)
     assert out is not None and out.endswith("1 passed\nwarning: slow")
     assert len(out) == VERIFIER_OUTPUT_CHARS + 1 + len("warning: slow")

@@ -34,7 +34,7 @@ from harness.service.sandboxes.errors import (
 from harness.service.sandboxes.limits import SandboxLimits
 from harness.service.sandboxes.local import GRADING_ENV, BwrapSandbox, SandboxSpec
 from harness.service.sandboxes.outputs import declared_outputs
-from harness.service.session import _sandbox_died
+from harness.service.session_grading import sandbox_died
 
 
 @pytest.fixture
@@ -250,10 +250,10 @@ async def test_a_dead_pid_1_is_reported_as_died_not_closed(sandbox: BwrapSandbox
     os.kill(sandbox.supervisor_pid, signal.SIGKILL)
     with pytest.raises(SandboxDiedError, match="pid 1 exited") as info:
         await sandbox.exec(["true"])
-    assert _sandbox_died(RuntimeError("wrapped")) is None
+    assert sandbox_died(RuntimeError("wrapped")) is None
     wrapped = RuntimeError("the agent's exec failed")
     wrapped.__cause__ = info.value
-    assert "pid 1 died" in (_sandbox_died(wrapped) or "")
+    assert "pid 1 died" in (sandbox_died(wrapped) or "")
     with pytest.raises(SandboxDiedError):
         await sandbox.prepare_grading()
 

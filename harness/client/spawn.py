@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["KEY_ENV", "LocalService", "spawn_service"]
 
-KEY_ENV = "HARNESS_SERVICE_KEY"  # where a service reads its key (harness.client.remote's client too)
+KEY_ENV = "HARNESS_SERVICE_KEY"  # where a service reads its key (the rollout client, service_pool, too)
 
 
 @dataclass

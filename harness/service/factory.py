@@ -44,6 +44,7 @@ from harness.service.proxy_link import ADMIN_KEY_ENV, ProxyLink
 from harness.service.session import HarborSession, SandboxBackend, SandboxRequest, SessionConfig
 from harness.shared.errors import CAUSES, AgentTimeoutError, Cause, HarnessError, cause_of
 from harness.shared.outcome import build_outcome
+from harness.shared.per_loop import PerLoop
 from harness.shared.rollout import RolloutResult
 from harness.shared.seeds import check_run_seed
 
@@ -156,7 +157,8 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
         self.counts: dict[Cause, int] = dict.fromkeys(CAUSES, 0)
         self.retries = 0
         self._round_robin = itertools.count()
-        self._semaphores: dict[int, asyncio.Semaphore] = {}
+        # Rollouts in flight on one event loop: an asyncio semaphore belongs to its loop.
+        self._semaphores = PerLoop(lambda: asyncio.Semaphore(self.max_concurrent_rollouts))
 
     # ---- OpenEnv ResourceSessionFactory ------------------------------------------------------
 
@@ -205,7 +207,7 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
         """Run one rollout to a `RolloutResult` (bounded concurrency, infra retries)."""
         episode_id = episode_id or uuid.uuid4().hex
         chosen = self.pick_task(task, seed)
-        async with self._semaphore():
+        async with self._semaphores.get():
             attempt = 0
             backoff_total = 0.0
             while True:
@@ -333,14 +335,6 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
     def _backoff(self, attempt: int) -> float:
         """Seconds before attempt + 1: exponential, jittered so retries do not arrive together."""
         return self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.8, 1.2)
-
-    def _semaphore(self) -> asyncio.Semaphore:
-        # One semaphore per event loop: an asyncio primitive belongs to the loop it was made on.
-        loop = asyncio.get_running_loop()
-        sem = self._semaphores.get(id(loop))
-        if sem is None:
-            sem = self._semaphores[id(loop)] = asyncio.Semaphore(self.max_concurrent_rollouts)
-        return sem
 
 
 def _cause_of_finished(timed_out: bool, env_reward: float | None, *, tampered: bool) -> Cause:

@@ -24,7 +24,6 @@ stops it in `close()`. It never retries: retry policy is the factory's.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import httpx
 from openenv.core.harness.training import TrainingTrace
 
 from harness.shared.errors import InfraError, ProxySessionLostError, ProxyUnreachableError
+from harness.shared.per_loop import PerLoop
 
 __all__ = ["ADMIN_KEY_ENV", "ProxyLink", "ProxySession"]
 
@@ -58,9 +58,7 @@ class ProxyLink:
         # Where agents reach the proxy (its agent listener): never `url`, which may be the admin
         # listener (a proxy on a public address serves admin routes on their own loopback port).
         self._agent_url: str | None = server.url if server is not None else None
-        # id(loop) -> (loop, client): the loop is kept so a recycled id can never hand a new
-        # loop a client bound to a dead one.
-        self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+        self._clients = PerLoop(self._new_client, usable=lambda c: not c.is_closed)
 
     @classmethod
     def connect(
@@ -133,9 +131,9 @@ class ProxyLink:
 
     async def release_loop(self) -> None:
         """Close the httpx client of the running loop (a session's private loop is ending)."""
-        entry = self._clients.pop(id(asyncio.get_running_loop()), None)
-        if entry is not None:
-            await entry[1].aclose()
+        client = self._clients.pop()
+        if client is not None:
+            await client.aclose()
 
     def close(self) -> None:
         """Stop the in-process proxy, if this link started one."""
@@ -145,25 +143,19 @@ class ProxyLink:
 
     # ---- one boundary for every failure ----------------------------------------------------------
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        entry = self._clients.get(id(loop))
-        if entry is None or entry[0] is not loop or entry[1].is_closed:
-            client = httpx.AsyncClient(
-                base_url=self.url,
-                headers={"Authorization": f"Bearer {self.admin_key}"},
-                timeout=_TIMEOUT,
-                trust_env=False,  # never route loopback admin calls through a host proxy
-            )
-            self._clients = {k: v for k, v in self._clients.items() if not v[0].is_closed}
-            entry = self._clients[id(loop)] = (loop, client)
-        return entry[1]
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {self.admin_key}"},
+            timeout=_TIMEOUT,
+            trust_env=False,  # never route loopback admin calls through a host proxy
+        )
 
     async def _request(
         self, method: str, path: str, *, session_id: str | None = None, **kwargs: Any
     ) -> Any:
         try:
-            response = await self._client().request(method, path, **kwargs)
+            response = await self._clients.get().request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ProxyUnreachableError(
                 f"capture proxy {self.url} unreachable ({type(exc).__name__}: {exc}); is it "

@@ -25,126 +25,52 @@ one session must run on the loop that started it (its sandbox pipes and HTTP poo
 loop). So: the async twins (`a_*`) are the implementation; a session created by the sync
 `factory.create()` gets a private loop thread, and each sync method is the async twin submitted
 to the session's loop. Calling a sync method from inside that loop would deadlock, so it raises.
+
+The parts, one file each: this module (the lifecycle above), session_config (what a factory's
+sessions share), session_grading (the verifier and the evidence of tampering), session_steps
+(the agent's step limit) and session_loop (the asyncio plumbing). SandboxBackend,
+SandboxRequest and SessionConfig are importable from here too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from openenv.core.harness.rollout import ResourceSession, VerifyResult
 from openenv.core.harness.training import TrainingTrace
 
 from harness.service.agents.base import HarnessAgent
-from harness.service.session_loop import LoopThread, cancel_and_wait, uncancellable
+from harness.service.session_config import (
+    SANDBOX_STOP_S,
+    SandboxBackend,
+    SandboxRequest,
+    SessionConfig,
+)
+from harness.service.session_grading import TaskGrader, is_windows, sandbox_died, verifier_output
+from harness.service.session_loop import LoopThread, cancel_and_wait, run_on, uncancellable
+from harness.service.session_steps import call_ceiling, ended_at_step_limit, step_guard
 from harness.shared.errors import (
     AgentStartError,
     AgentTimeoutError,
     EngineFailureError,
     HarnessError,
     InfraError,
-    RewardMissingError,
     SandboxStartError,
     VerifierError,
 )
 from harness.shared.outcome import select_reward
 from harness.shared.seeds import rollout_seed
 
-if TYPE_CHECKING:
-    from harness.service.proxy_link import ProxyLink
-
 __all__ = ["HarborSession", "SandboxBackend", "SandboxRequest", "SessionConfig"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-_SANDBOX_STOP_S = 30.0  # a sandbox stop past this is logged and skipped (close goes on)
-_STEP_POLL_S = 1.0  # how often the step guard asks the proxy for the turn count
-# Exit codes of a command killed by a signal someone sent (HUP, INT, KILL, TERM), not a crash.
-_KILLED_BY_SIGNAL = frozenset(128 + n for n in (1, 2, 9, 15))
-
-
-def _sandbox_died(exc: BaseException) -> str | None:
-    """Evidence when `exc` (or what it was raised from) is the sandbox's pid 1 dying under the
-    agent (SandboxDiedError: the local sandbox's host side saw it exit unasked); else None."""
-    from harness.service.sandboxes.errors import SandboxDiedError
-
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, SandboxDiedError):
-            return f"the sandbox's pid 1 died while the agent ran: {seen}"
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _is_windows(env: Any) -> bool:
-    return str(getattr(env, "os", "linux")).lower().endswith("windows")
-
-
-async def _disk_full(env: Any) -> str | None:
-    """A line of evidence when the sandbox's root is (nearly) full, else None."""
-    from harness.service.sandboxes.local import MIN_FREE_BYTES, MIN_FREE_INODES
-
-    sandbox = getattr(env, "sandbox", None)
-    if sandbox is None or not getattr(sandbox, "running", False):
-        return None
-    result = await sandbox.exec(["stat", "-f", "-c", "%a %S %d", "/"], cwd="/", timeout_s=30)
-    try:
-        blocks, block_size, inodes = (int(x) for x in result.stdout.split())
-    except ValueError:
-        return None
-    if blocks * block_size < MIN_FREE_BYTES or 0 <= inodes < MIN_FREE_INODES:
-        return f"the sandbox's disk was full after grading ({blocks * block_size} bytes free)"
-    return None
-
-
-@dataclass(frozen=True)
-class SandboxRequest:
-    """What a sandbox factory gets to build one Harbor environment for one session."""
-
-    task: Any  # harbor.models.task.task.Task
-    trial_dir: Path
-    name: str
-    ro_binds: dict[str, str]  # host path -> sandbox path, read-only (agent CLIs)
-    proxy_url: str  # the capture proxy the agent must reach (loopback-forwarded locally)
-
-
-@dataclass(frozen=True)
-class SandboxBackend:
-    """How to build a session's Harbor environment, and how the agent inside reaches the proxy."""
-
-    make: Callable[[SandboxRequest], Any]  # -> harbor BaseEnvironment (not started)
-    agent_url: Callable[[str], str] = lambda url: url  # proxy URL as seen from inside
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    """Everything a session needs that is the same for every rollout of a factory."""
-
-    agent_cls: type[HarnessAgent]
-    sandbox: SandboxBackend
-    proxy: ProxyLink  # the factory's capture-proxy link (errors already translated)
-    model: str = "tiny"
-    sampling: dict[str, Any] = field(default_factory=dict)
-    max_steps: int = 30
-    # capture.caps, kept by the proxy on every agent (None: default_caps of max_steps, max_tokens)
-    rollout_caps: dict[str, int | None] | None = None
-    agent_timeout_s: float = 600.0
-    verifier_timeout_s: float = 300.0
-    reward_key: str | None = None
-    preinstalled: bool = True
-    # task dir -> whether its grader gives a reward in a fresh sandbox (the control run that
-    # decides whether a missing grade is the agent's doing); shared by a factory's sessions.
-    grader_checks: dict[str, bool] = field(default_factory=dict, compare=False)
 
 
 class HarborSession(ResourceSession):
@@ -208,18 +134,18 @@ class HarborSession(ResourceSession):
         if self._loop is None:
             self._loop_thread = LoopThread(f"harness-session-{self._slug}")
             self._loop = self._loop_thread.loop
-        self._sync(self.a_start())
+        run_on(self._loop, self.a_start())
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
-        return self._sync(self.a_wait_for_completion(timeout_s))
+        return run_on(self._loop, self.a_wait_for_completion(timeout_s))
 
     def verify(
         self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None
     ) -> VerifyResult:
-        return self._sync(self.a_verify(transcript, final_state))
+        return run_on(self._loop, self.a_verify(transcript, final_state))
 
     def fetch_training_trace(self) -> TrainingTrace:
-        return self._sync(self.a_fetch_training_trace())
+        return run_on(self._loop, self.a_fetch_training_trace())
 
     def fetch_proxy_trace(self) -> list[dict[str, Any]]:
         return self.fetch_training_trace().to_trace_entries()
@@ -228,7 +154,7 @@ class HarborSession(ResourceSession):
         if self._loop is None:
             return  # never started: nothing to release
         try:
-            self._sync(self.a_close())
+            run_on(self._loop, self.a_close())
         finally:
             if self._loop_thread is not None:
                 self._loop_thread.stop()
@@ -293,7 +219,8 @@ class HarborSession(ResourceSession):
         AgentStartError when it exited non-zero before its first model call."""
         task = self._require_agent_task()
         limit = self._agent_timeout() if timeout_s is None else timeout_s
-        guard = asyncio.create_task(self._step_guard(task, self._call_ceiling()))
+        guard = asyncio.create_task(
+            step_guard(task, call_ceiling(self.config), self._model_calls, self._agent_name()))
         try:
             # asyncio.wait, not wait_for: it neither cancels the agent nor raises its errors, so
             # a cancel of *this* call still propagates while the agent's own end is inspected.
@@ -327,11 +254,7 @@ class HarborSession(ResourceSession):
         assert self._agent is not None and self._agent.result is not None
         self.exit_code = self._agent.result.return_code
         calls, refused = await self._model_calls()
-        if refused or (self.config.agent_cls.NATIVE_STEP_LIMIT and calls >= self.config.max_steps):
-            # The CLI stopped itself at its own step limit (mini-swe-agent's step_limit counts
-            # model calls), or ended on the proxy's refusal of a step past it. One that finished
-            # on exactly its last allowed call counts too: it had no step left, which is what
-            # `timed_out` tells a reward function.
+        if ended_at_step_limit(self.config, calls, refused):
             self.hit_step_limit = self.timed_out = True
         if self.exit_code != 0 and calls == 0:
             tail = (self._agent.result.stderr or self._agent.result.stdout or "")[-800:]
@@ -363,19 +286,24 @@ class HarborSession(ResourceSession):
         try:
             if self.sandbox_died is not None:
                 return self._tampered([self.sandbox_died])
-            evidence = await self._prepare_grading()
-            if evidence:
-                return self._tampered(evidence)
+            grader = self._grader()
+            prep = await grader.prepare(self._env, self._process_baseline)
+            if prep.sandbox_died is not None:
+                self.sandbox_died = prep.sandbox_died
+            else:
+                self.killed_before_grading = prep.killed
+            if prep.evidence:
+                return self._tampered(prep.evidence)
             try:
-                rewards = await self._run_verifier(self._env, self._trial_dir)
+                rewards = await grader.run(self._env, self._trial_dir)
             except VerifierError as exc:
-                evidence = await self._grading_failure_evidence(exc)
+                evidence = await grader.failure_evidence(exc, self._env)
                 if evidence:
                     return self._tampered(evidence)
                 raise
         finally:
             self.timings["verify"] = time.monotonic() - t0
-            self.verifier_output = _verifier_output(self._trial_dir)
+            self.verifier_output = verifier_output(self._trial_dir)
         self.rewards = rewards
         env_reward = select_reward(self.rewards, self.config.reward_key, self.task_id)
         return VerifyResult(
@@ -405,157 +333,6 @@ class HarborSession(ResourceSession):
             metrics=self._verify_metrics(),
             artifacts={"task_id": self.task_id, "proxy_session_id": self.proxy_session_id},
         )
-
-    async def _prepare_grading(self) -> list[str]:
-        """Kill the agent's leftovers and reset the grading dirs; the evidence found.
-
-        The local sandbox does it in its supervisor (`prepare_grading`); Harbor's other backends
-        through exec (harness/service/sandboxes/grading.py), as far as their exec user can reach.
-        """
-        prepare = getattr(self._env, "prepare_grading", None)
-        if prepare is None:
-            if self._process_baseline is None:  # Windows: no /proc, no POSIX shell
-                log.warning("no grading reset for %s: not a POSIX environment", self.task_id)
-                return []
-            from harness.service.sandboxes.grading import reset_for_grading
-
-            baseline = self._process_baseline
-
-            async def prepare() -> Any:
-                return await reset_for_grading(self._env, baseline)
-
-        try:
-            reset = await prepare()
-        except HarnessError:
-            raise
-        except Exception as exc:
-            died = _sandbox_died(exc)
-            if died is not None:
-                self.sandbox_died = died
-                return [died]
-            raise InfraError(
-                f"could not prepare the sandbox of {self.task_id} for grading: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        self.killed_before_grading = reset.killed
-        return reset.evidence
-
-    async def _run_verifier(self, env: Any, trial_dir: Path) -> dict[str, float]:
-        """Harbor's Verifier on `env`; its rewards. Failures raised as VerifierError classes."""
-        from harbor.models.trial.paths import TrialPaths
-        from harbor.verifier.verifier import Verifier
-
-        grading = None
-        if not _is_windows(env):
-            # A fresh HOME and no user site or git hooks for the grader (local.GRADING_ENV),
-            # under whatever the task's own config sets.
-            from harness.service.sandboxes.local import grading_env
-
-            config = self.task.config
-            grading = grading_env(config.verifier.env, config.environment.env)
-        verifier = Verifier(
-            task=self.task,
-            trial_paths=TrialPaths(trial_dir),
-            environment=env,
-            verifier_env=grading,
-        )
-        timeout = self._verifier_timeout()
-        try:
-            result = await asyncio.wait_for(verifier.verify(), timeout=timeout)
-        except TimeoutError as exc:
-            raise VerifierError(f"verifier of {self.task_id} ran past {timeout:.0f} s") from exc
-        except (FileNotFoundError, ValueError) as exc:
-            # Harbor: RewardFileNotFoundError (a FileNotFoundError), RewardFileEmptyError and
-            # parse errors; all mean "the verifier left no usable reward".
-            raise RewardMissingError(
-                f"verifier of {self.task_id} left no usable reward: {exc}. Its tests/test.sh must "
-                "write /logs/verifier/reward.txt (a number) or reward.json ({key: number})."
-            ) from exc
-        except HarnessError:
-            raise
-        except Exception as exc:
-            raise VerifierError(
-                f"verifier of {self.task_id} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        return {k: float(v) for k, v in (result.rewards or {}).items()}
-
-    async def _grading_failure_evidence(self, exc: VerifierError) -> list[str]:
-        """Why a failed grade is the agent's doing, from evidence; empty when it is not.
-
-        In order: the sandbox broke (infrastructure: not the agent's); a grading command killed
-        by a signal from inside the sandbox (nothing but the agent's code runs there, and the
-        supervisor kills only past a deadline, which raises instead); a full disk; and last the
-        control run: the task's grader on a fresh sandbox of the same task. If that grades, the
-        grader works and it was this sandbox's state, the agent's, that kept it from grading.
-        """
-        from harness.service.sandboxes.errors import SandboxError
-
-        cause: BaseException | None = exc
-        while cause is not None:
-            if isinstance(cause, SandboxError):
-                return []
-            cause = cause.__cause__
-        evidence = []
-        for command, code in getattr(self._env, "commands_since_reset", []):
-            if code in _KILLED_BY_SIGNAL:
-                evidence.append(
-                    f"grading command {command[:120]!r} was killed by signal {code - 128}"
-                )
-        if evidence:
-            return evidence
-        full = await _disk_full(self._env)
-        if full:
-            return [full]
-        if await self._grader_works_on_a_fresh_sandbox():
-            return [f"the grader failed after the agent ({exc}) but grades a fresh sandbox"]
-        return []
-
-    async def _grader_works_on_a_fresh_sandbox(self) -> bool:
-        """The control run: this task's verifier on a new sandbox the agent never touched.
-
-        Cached per task for the factory's life: a broken grader is found once, not per rollout.
-        A control that cannot start says nothing about the agent, so it answers False.
-        """
-        key = str(getattr(self.task, "task_dir", self.task_id))
-        cached = self.config.grader_checks.get(key)
-        if cached is not None:
-            return cached
-        trial_dir = Path(tempfile.mkdtemp(prefix=f"harness-control-{self._slug}-"))
-        request = SandboxRequest(
-            task=self.task,
-            trial_dir=trial_dir,
-            name=f"{self._slug}-control-{uuid.uuid4().hex[:8]}",
-            ro_binds={},
-            proxy_url=await self.config.proxy.agent_url(),  # never the admin listener
-        )
-        env = None
-        try:
-            env = self.config.sandbox.make(request)
-            await env.start(force_build=False)
-            if not hasattr(env, "prepare_grading") and not _is_windows(env):
-                # The grading dirs (the grader's HOME among them) as a real grading has them.
-                from harness.service.sandboxes.grading import process_baseline, reset_for_grading
-
-                await reset_for_grading(env, await process_baseline(env))
-        except Exception as exc:
-            log.warning("control sandbox for %s did not start: %r", self.task_id, exc)
-            works = None
-        else:
-            try:
-                await self._run_verifier(env, trial_dir)
-                works = True
-            except VerifierError as exc:
-                log.warning("the grader of %s fails on a fresh sandbox: %s", self.task_id, exc)
-                works = False
-        finally:
-            if env is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(env.stop(delete=True), timeout=_SANDBOX_STOP_S)
-            shutil.rmtree(trial_dir, ignore_errors=True)
-        if works is None:
-            return False
-        self.config.grader_checks[key] = works
-        return works
 
     async def _check_infra_failures(self) -> None:
         """Raise EngineFailureError when the proxy recorded engine/proxy failures in this run."""
@@ -610,7 +387,7 @@ class HarborSession(ResourceSession):
         try:
             self._env = self.config.sandbox.make(request)
             await self._env.start(force_build=False)
-            if not hasattr(self._env, "prepare_grading") and not _is_windows(self._env):
+            if not hasattr(self._env, "prepare_grading") and not is_windows(self._env):
                 # A remote backend: note its own processes now, to kill all others at grading.
                 from harness.service.sandboxes.grading import process_baseline
 
@@ -635,45 +412,13 @@ class HarborSession(ResourceSession):
         except (HarnessError, asyncio.CancelledError):
             raise
         except Exception as exc:
-            died = _sandbox_died(exc)
+            died = sandbox_died(exc)
             if died is not None:
                 self.sandbox_died = died  # the agent's run ends here; a_verify scores it
                 return
             raise InfraError(
                 f"running {agent.NAME} in the sandbox failed: {type(exc).__name__}: {exc}"
             ) from exc
-
-    def _call_ceiling(self) -> int:
-        """Engine calls the agent may make; the session stops it when it starts one more.
-
-        A CLI without a step option (Codex) gets max_steps. A CLI with one gets room
-        above it: its own limit is soft (opencode's `steps` only withdraws the tools, and a model
-        that calls tools anyway went on for 65 calls in 120 s, measured against capture's fake
-        engine), and aux calls (titles, summaries) count at the proxy too.
-        """
-        steps = self.config.max_steps
-        return steps * 2 + 4 if self.config.agent_cls.NATIVE_STEP_LIMIT else steps
-
-    async def _step_guard(self, task: asyncio.Task[None], ceiling: int) -> None:
-        """Stop the agent once it starts engine call `ceiling + 1` in this session, or once the
-        proxy refused it a step past its step limit (it may retry or hang on the error).
-
-        Not at call `ceiling`: that call is the agent's last allowed step, and stopping the
-        agent while it is in flight cut its reply and lost the turn, and the tools the reply
-        asked for never ran (every 1-step Codex rollout kept no turn at all). The call started
-        past the ceiling is cut instead, and a cut call is never recorded as a turn. This poll
-        only bounds the run: what the agent may do is bounded by the proxy's refusal, which
-        no reply can outrun.
-        """
-        while not task.done():
-            await asyncio.sleep(_STEP_POLL_S)
-            with contextlib.suppress(Exception):
-                calls, refused = await self._model_calls()
-                if calls > ceiling or refused:
-                    log.info("%s reached its step limit (%d engine calls, %d refused); stopping "
-                             "it", self._agent_name(), calls, refused)
-                    await cancel_and_wait(task)
-                    return
 
     async def _model_calls(self) -> tuple[int, int]:
         assert self.proxy_session_id is not None
@@ -685,7 +430,7 @@ class HarborSession(ResourceSession):
             await cancel_and_wait(self._agent_task)
         if self._env is not None:
             try:
-                await asyncio.wait_for(self._env.stop(delete=True), timeout=_SANDBOX_STOP_S)
+                await asyncio.wait_for(self._env.stop(delete=True), timeout=SANDBOX_STOP_S)
             except BaseException as exc:  # close must go on to the proxy and the temp dir
                 log.warning("stopping the sandbox of %s failed: %r", self.task_id, exc)
         if self.proxy_session_id is not None:
@@ -717,33 +462,7 @@ class HarborSession(ResourceSession):
         task_limit = getattr(getattr(self.task.config, "verifier", None), "timeout_sec", None)
         return min(self.config.verifier_timeout_s, task_limit or float("inf"))
 
-    def _sync(self, coro: Awaitable[T]) -> T:
-        loop = self._loop
-        if loop is None:
-            raise RuntimeError(
-                "session not started: use factory.create() or await factory.a_create()"
-            )
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            coro.close()  # type: ignore[attr-defined]
-            raise RuntimeError(
-                "sync session method called on the session's own loop; await its a_* twin"
-            )
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()  # type: ignore[arg-type]
+    def _grader(self) -> TaskGrader:
+        return TaskGrader(self.task, self.task_id, self._slug, self.config,
+                          self._verifier_timeout())
 
-
-VERIFIER_OUTPUT_CHARS = 8000  # per stream: enough for a test report's tail, small in rollouts.jsonl
-
-
-def _verifier_output(trial_dir: Path) -> str | None:
-    """The tail of the verifier's stdout and stderr (Harbor writes them into the trial dir, which
-    close() deletes), kept so a run's record shows why a rollout got its grade."""
-    from harbor.models.trial.paths import TrialPaths
-
-    paths = TrialPaths(trial_dir)
-    parts = [p.read_text(errors="replace")[-VERIFIER_OUTPUT_CHARS:]
-             for p in (paths.test_stdout_path, paths.test_stderr_path) if p.is_file()]
-    return "\n".join(parts) or None

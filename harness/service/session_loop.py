@@ -1,4 +1,5 @@
-"""Asyncio plumbing for `harness.service.session`: cancel-and-wait, uncancellable awaits, a loop thread.
+"""Asyncio plumbing for `harness.service.session`: cancel-and-wait, uncancellable awaits, a loop
+thread, and running a session's coroutine on that thread from a sync caller.
 
 Why these exist: a session's close must finish even when the rollout awaiting it is cancelled
 (cancelling 8 running rollouts must leave no process, sandbox or proxy session), and a session
@@ -12,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Awaitable
 from typing import Any
 
-__all__ = ["STOP_GRACE_S", "LoopThread", "cancel_and_wait", "uncancellable"]
+__all__ = ["STOP_GRACE_S", "LoopThread", "cancel_and_wait", "run_on", "uncancellable"]
 
 log = logging.getLogger(__name__)
 
@@ -65,3 +67,23 @@ class LoopThread:
         self._thread.join(timeout=STOP_GRACE_S)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+def run_on[T](loop: asyncio.AbstractEventLoop | None, coro: Awaitable[T]) -> T:
+    """`coro` run to its end on a session's `loop` (its loop thread), from a sync caller.
+
+    From inside that loop the caller would wait on itself forever, so it raises instead."""
+    if loop is None:
+        raise RuntimeError(
+            "session not started: use factory.create() or await factory.a_create()"
+        )
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()  # type: ignore[attr-defined]
+        raise RuntimeError(
+            "sync session method called on the session's own loop; await its a_* twin"
+        )
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()  # type: ignore[arg-type]

@@ -53,7 +53,7 @@ class RolloutResult:
     error: str | None = None
     attempts: int = 1
     timings: dict[str, float] = field(default_factory=dict)
-    verifier_output: str | None = None  # tail of the grader's stdout/stderr (harness/service/session.py)
+    verifier_output: str | None = None  # tail of the grader's stdout/stderr (harness/service/session_grading.py)
 
     @property
     def trainable(self) -> bool:
