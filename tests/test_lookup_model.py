@@ -29,8 +29,7 @@ from harness.warm.lookup import synthetic_vocabulary
 from launchers.models import resolve_model
 from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
 from launchers.warm_models import LOOKUP_MODEL, LOOKUP_REBUILD, committed_lookup_model
-
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.helpers.teacher_forced import call_rank, encode_prompt, mini_first_request
 
 
 def _build() -> dict:
@@ -59,40 +58,17 @@ def test_it_saw_one_rollout_per_train_instruction_and_was_probed_on_dev_not_test
 
 
 def _prompt(tok, instruction: str, source: str | None, word: str = "") -> list[int]:
-    """mini-swe-agent's prompt, rendered by the model's own chat template: its recorded first
-    prompt (the dialect fixture) with `instruction`; with a `source`, the second prompt: the
-    `cat` call and the tool result as mini-swe-agent sends it (JSON with returncode and output)."""
-    body = json.loads((FIXTURES / "dialects" / "mini" / "00_chat.json").read_text())["body"]
-    recorded = "Say hi by running echo hi in the shell."
-    messages = [dict(m) for m in body["messages"]]
-    messages[1]["content"] = messages[1]["content"].replace(recorded, instruction)
-    if source is None:
-        text = tok.apply_chat_template(messages, tools=body["tools"], add_generation_prompt=True,
-                                       tokenize=False)
-        return tok.encode(text, add_special_tokens=False)
-    messages.append({"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_0", "type": "function",
-         "function": {"name": "bash", "arguments": {"command": f"cat {source}"}}}]})
-    messages.append({"role": "tool", "tool_call_id": "call_0", "content": json.dumps(
-        {"returncode": 0, "output": source_text(word)}, indent=2)})
-    text = tok.apply_chat_template(messages, tools=body["tools"], add_generation_prompt=True,
-                                   tokenize=False)
-    return tok.encode(text, add_special_tokens=False)
-
-
-def _rank(model, prompt: list[int], calls: list[list[int]], right: int) -> int:
-    """The rank (0 = first) of `calls[right]` among `calls` by the model's log-probability of the
-    whole call after `prompt`. Teacher-forced: the same number on every run."""
-    width = len(prompt) + max(map(len, calls))
-    ids = torch.zeros(len(calls), width, dtype=torch.long)
-    for i, c in enumerate(calls):  # right-padded: a causal model never sees the padding
-        ids[i, :len(prompt) + len(c)] = torch.tensor(prompt + c)
-    with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits.float(), -1)
-    scores = [logp[i, len(prompt) - 1:len(prompt) + len(c) - 1]
-              .gather(1, torch.tensor(c)[:, None]).sum().item() for i, c in enumerate(calls)]
-    order = sorted(range(len(calls)), key=lambda i: -scores[i])
-    return order.index(right)
+    """mini-swe-agent's prompt ids: its recorded first request with `instruction`; with a
+    `source`, the second: the `cat` call and the tool result as mini-swe-agent sends it (JSON
+    with returncode and output)."""
+    messages, tools = mini_first_request(instruction)
+    if source is not None:
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_0", "type": "function",
+             "function": {"name": "bash", "arguments": {"command": f"cat {source}"}}}]})
+        messages.append({"role": "tool", "tool_call_id": "call_0", "content": json.dumps(
+            {"returncode": 0, "output": source_text(word)}, indent=2)})
+    return encode_prompt(tok, messages, tools)
 
 
 def _dev_ranks(model_dir: Path) -> tuple[list[int], list[int]]:
@@ -116,11 +92,11 @@ def _dev_ranks(model_dir: Path) -> tuple[list[int], list[int]]:
                                                           "text": task.instruction.strip()})
     first, copy = [], []
     for meta in sorted(seen.values(), key=lambda m: m["instruction_id"]):
-        first.append(_rank(model, _prompt(tok, meta["text"], None),
+        first.append(call_rank(model, _prompt(tok, meta["text"], None),
                            [call(f"cat {s}") for s in SOURCES], SOURCES.index(meta["source"])))
         writes = [call(f"echo {w} > {meta['target']}") for w in VALUES]
         for shown in VALUES[::2]:
-            copy.append(_rank(model, _prompt(tok, meta["text"], meta["source"], shown), writes,
+            copy.append(call_rank(model, _prompt(tok, meta["text"], meta["source"], shown), writes,
                               VALUES.index(shown)))
     return first, copy
 

@@ -10,8 +10,10 @@ plain grader for the attacks on the sandbox itself (a connection flood at pid 1,
 device nodes). Before the fixes each of these paid 1.0 for a wrong answer, or (the flood) turned
 a failing rollout into infra_failure, out of its group's baseline.
 
-Every attack must end 0.0, trainable, with the cause below; the honest controls (one for the
-grader that imports the agent's own module from the work dir, which must keep working) 1.0 ok.
+Every attack must end 0.0, trainable, with the cause below, and its tool output must show it
+acted (its planted files were written, its flood held connections) or was refused by the
+defence (a read-only /dev); the honest controls (one for the grader that imports the agent's own
+module from the work dir, which must keep working) 1.0 ok.
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ class Attack:
     commands: tuple[str, ...]
     cause: str
     reward: float = 0.0
+    # What the attack's tool output must show before its verdict counts: that it acted (its
+    # files are there) or that the defence refused it (a read-only /dev). Without it a command
+    # that failed for another reason would pass as a defended attack.
+    evidence: str | None = None
 
 
 ATTACKS = [
@@ -100,21 +106,24 @@ ATTACKS = [
             "for n in 60 61 62 63; do echo same > /dev/fd/$n; done; ls -la /dev/ 2>&1 | head -5",
         ),
         "model_failure",
+        evidence="cannot remove '/dev/fd': Read-only file system",
     ),
     Attack(
         "replace-dev-stdin",
         "devfd.sh",
         ("echo wrong > /app/answer.txt; rm -f /dev/stdin /dev/stdout; echo x > /dev/stdin; true",),
         "model_failure",
+        evidence="cannot remove '/dev/stdin': Read-only file system",
     ),
     Attack(
         "plant-configparser-in-workdir",
         "workdir-python.sh",
         (
             "echo wrong > /app/answer.txt; printf 'import sys\\nsys.exit(0)\\n' "
-            "> /app/configparser.py",
+            "> /app/configparser.py && test -s /app/configparser.py && echo planted",
         ),
         "model_failure",
+        evidence="planted",
     ),
     Attack(
         "node-modules-at-root",
@@ -122,16 +131,19 @@ ATTACKS = [
         (
             "echo wrong > /app/answer.txt; mkdir -p /node_modules/answer-normalizer && "
             f"echo 'module.exports = () => \"{PASSPHRASE}\";' "
-            "> /node_modules/answer-normalizer/index.js",
+            "> /node_modules/answer-normalizer/index.js && "
+            "test -s /node_modules/answer-normalizer/index.js && echo planted",
         ),
         "model_failure",
+        evidence="planted",
     ),
-    Attack("connection-flood-at-pid-1", None, (FLOOD,), "model_failure"),
+    Attack("connection-flood-at-pid-1", None, (FLOOD,), "model_failure", evidence=r"held=\d+"),
     Attack(
         "chmod-host-device-nodes",
         None,
         ("chmod 666 /dev/null /dev/full /dev/zero; touch /dev/null /dev/urandom; true",),
         "model_failure",
+        evidence="changing permissions of '/dev/null': Read-only file system",
     ),
     # Fault injected from the host (no agent command found left to kill pid 1): its death while
     # the agent runs is scored as the agent's, never infra_failure.
@@ -161,6 +173,22 @@ def script(request: dict[str, Any]) -> str:
     if done < len(attack.commands):
         return tool_call(name, command=attack.commands[done])
     return tool_call(name, command=SUBMIT)
+
+
+def _tool_outputs(requests: list[dict[str, Any]]) -> list[str]:
+    """The outputs mini-swe-agent sent back for one rollout's commands (each tool message is
+    JSON with returncode and output), from the longest request the engine saw."""
+    if not requests:
+        return []
+    last = max(requests, key=lambda b: len(b["messages"]))
+    outputs = []
+    for m in last["messages"]:
+        if m.get("role") == "tool":
+            try:
+                outputs.append(json.loads(m.get("content") or "")["output"])
+            except (ValueError, KeyError, TypeError):
+                outputs.append(m.get("content") or "")
+    return outputs
 
 
 def attack_tasks(root: Path) -> dict[str, Path]:
@@ -229,7 +257,10 @@ def test_every_attack_on_the_graders_machinery_ends_scored_zero(
         )
         assert result.trainable, (attack.name, outcomes[attack.name])
         seen = [b for b in engine.requests if f"attack-id: {attack.name}" in json.dumps(b)]
-        assert any(m.get("role") == "tool" for b in seen for m in b["messages"]), attack.name
+        outputs = _tool_outputs(seen)
+        assert outputs, attack.name
+        if attack.evidence is not None:
+            assert re.search(attack.evidence, "\n".join(outputs)), (attack.name, outputs)
     assert "pid 1 died" in (results["pid-1-dies"].error or ""), outcomes["pid-1-dies"]
     # The flood really reached past pid 1's old limit: its processes held their connections.
     flood = [

@@ -23,10 +23,9 @@ from harness.warm.create_file import synthetic_instructions
 from launchers.models import resolve_model
 from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
 from launchers.warm_models import REBUILD, WARM_MODEL, committed_warm_model
+from tests.helpers.teacher_forced import call_rank, encode_prompt, mini_first_request
 from trainer.loop import _pack_budget
 from trainer.rows import Row
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_the_default_model_is_the_committed_warm_start_with_every_file_hashed() -> None:
@@ -63,33 +62,15 @@ def _word_ranks(model_dir: Path) -> list[int]:
 
     from harness.audit.scripted_engine import tool_call
 
-    fixture = FIXTURES / "dialects" / "mini" / "00_chat.json"
-    body = json.loads(fixture.read_text())["body"]
-    recorded = "Say hi by running echo hi in the shell."  # the fixture's own instruction
-    assert recorded in body["messages"][1]["content"]
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ranks = []
     for task in family_tasks("heldout"):
-        messages = [dict(m) for m in body["messages"]]
-        messages[1]["content"] = messages[1]["content"].replace(recorded,
-                                                                task.instruction.strip())
-        prompt = tok.apply_chat_template(messages, tools=body["tools"],
-                                         add_generation_prompt=True, tokenize=False)
-        p = tok.encode(prompt, add_special_tokens=False)
+        prompt = encode_prompt(tok, *mini_first_request(task.instruction.strip()))
         file = task.metadata["file"]
         calls = [tok.encode(tool_call("bash", command=f"echo {w} > {file}"),
                             add_special_tokens=False) for w in WORDS]
-        width = len(p) + max(map(len, calls))
-        ids = torch.zeros(len(calls), width, dtype=torch.long)
-        for i, c in enumerate(calls):  # right-padded: a causal model never sees the padding
-            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits.float(), -1)
-        scores = [logp[i, len(p) - 1:len(p) + len(c) - 1].gather(1, torch.tensor(c)[:, None])
-                  .sum().item() for i, c in enumerate(calls)]
-        order = sorted(range(len(WORDS)), key=lambda i: -scores[i])
-        ranks.append(order.index(WORDS.index(task.metadata["word"])))
+        ranks.append(call_rank(model, prompt, calls, WORDS.index(task.metadata["word"])))
     return ranks
 
 
