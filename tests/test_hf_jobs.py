@@ -252,7 +252,7 @@ def _sleeper() -> subprocess.Popen:
 
 
 def test_a_public_url_that_never_reaches_the_proxy_stops_the_trainer(capfd) -> None:
-    from launchers.hf_jobs import watch_public_url
+    from launchers.hf_jobs_inside import watch_public_url
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -268,7 +268,7 @@ def test_a_public_url_that_never_reaches_the_proxy_stops_the_trainer(capfd) -> N
 
 def test_a_public_url_that_reaches_the_proxy_leaves_the_trainer_running(tmp_path) -> None:
     from capture import CaptureServer
-    from launchers.hf_jobs import watch_public_url
+    from launchers.hf_jobs_inside import watch_public_url
 
     trainer = _sleeper()
     try:

@@ -192,7 +192,7 @@ def check_hf_jobs(argv: list[str]) -> None:
     run = _run([sys.executable, "launchers/hf_jobs.py", *args], timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     inside = json.loads(run.stdout)["inside"]
-    from launchers.hf_jobs import _flag_value
+    from launchers.hf_jobs_inside import _flag_value
 
     engine, trainer = shlex.split(inside["engine"]), shlex.split(inside["trainer"])
     model = _flag_value(engine, "--model")  # the engine and every trainer rank load one model

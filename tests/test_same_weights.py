@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.shared.run_config import HARNESSES, RunSettings
-from launchers import hf_jobs
+from launchers import hf_jobs, hf_jobs_inside
 from launchers.models import resolve_model
 from launchers.paths import REPO_ROOT
 
@@ -27,7 +27,7 @@ CASES = [*HARNESSES, None]  # None: no --harness flag, the default
 
 
 def _flag(argv: list[str], flag: str) -> str | None:
-    return hf_jobs._flag_value(argv, flag)
+    return hf_jobs_inside._flag_value(argv, flag)
 
 
 def _train_args(harness: str | None) -> list[str]:
@@ -49,10 +49,10 @@ def _models(commands: dict[str, str]) -> tuple[str | None, str | None]:
 def test_the_launchers_defaults_are_the_ones_harness_train_uses() -> None:
     from launchers.warm_models import LOOKUP_MODEL, WARM_MODEL
 
-    assert RunSettings().harness == hf_jobs.DEFAULT_HARNESS
-    assert WARM_MODEL.name == hf_jobs.WARM_MODEL_NAME
-    assert LOOKUP_MODEL.name == hf_jobs.LOOKUP_MODEL_NAME
-    assert RunSettings().tasks == hf_jobs.DEFAULT_TASKS
+    assert RunSettings().harness == hf_jobs_inside.DEFAULT_HARNESS
+    assert WARM_MODEL.name == hf_jobs_inside.WARM_MODEL_NAME
+    assert LOOKUP_MODEL.name == hf_jobs_inside.LOOKUP_MODEL_NAME
+    assert RunSettings().tasks == hf_jobs_inside.DEFAULT_TASKS
 
 
 @pytest.mark.parametrize("harness", CASES, ids=lambda h: h or "default")
