@@ -2,9 +2,10 @@
 
 Two dirs, each bound read-only into the sandbox:
 
-    supervisor    supervisor.py, pid1_events.py, pid1_setup.py, relays.py, grading_reset.py,
-                  grading_scratch.py, grading_strict.py and their bytecode, for pid 1 (/run/harness-supervisor): it runs every command and
-                  reports every exit code, the verifier's included
+    supervisor    supervisor.py, pid1_commands.py, pid1_events.py, pid1_setup.py, relays.py,
+                  grading_reset.py, grading_scratch.py, grading_strict.py and their bytecode,
+                  for pid 1 (/run/harness-supervisor): it runs every command and reports
+                  every exit code, the verifier's included
     grader-python sitecustomize.py for the grader's Python (/run/harness-grader-python, see
                   grader_site.py): what keeps the work dir from shadowing its modules
 
@@ -43,6 +44,7 @@ SANDBOX_PYTHON = "/usr/bin/python3"
 _HERE = Path(__file__).parent
 _SUPERVISOR_FILES = {
     "supervisor.py": _HERE / "supervisor.py",
+    "pid1_commands.py": _HERE / "pid1_commands.py",
     "pid1_events.py": _HERE / "pid1_events.py",
     "pid1_setup.py": _HERE / "pid1_setup.py",
     "relays.py": _HERE / "relays.py",
