@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.service.sandboxes import local, supervisor_build
+from harness.service.sandboxes import local, local_pid1_ops, supervisor_build
 from harness.service.sandboxes.errors import (
     SandboxDefinitionError,
     SandboxDiedError,
@@ -261,7 +261,7 @@ async def test_a_dead_pid_1_is_reported_as_died_not_closed(sandbox: BwrapSandbox
 async def test_a_silent_pid_1_does_not_hang_grading(
     sandbox: BwrapSandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(local, "_OP_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(local_pid1_ops, "_OP_TIMEOUT_S", 1.0)
     assert sandbox.supervisor_pid is not None
     os.kill(sandbox.supervisor_pid, signal.SIGSTOP)
     try:
