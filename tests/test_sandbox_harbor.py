@@ -266,7 +266,7 @@ def test_the_sandboxes_package_exports_exactly_its_public_names():
         "Any",
         # submodules are attributes once imported, not exports
         "bwrap", "channel", "dockerfile", "errors", "expose", "grading", "limits", "local",
-        "local_launch", "local_files", "local_pid1_ops",
+        "local_launch", "local_files", "local_pid1_ops", "verifier_commands",
         "grading_state", "mounts", "outputs", "ports", "supervisor", "supervisor_build",
     }  # fmt: skip
     assert set(package.__all__) == public | {"BwrapEnvironment"}

@@ -74,8 +74,9 @@ What is covered
 - Harbor's own Trial gets the same reset: the environment runs it itself at the verifier's
   first step (its reward-file removal, an `empty_dirs`/`reset_dirs` of the verifier dir, or an
   upload to /tests) whenever anything else ran since the last reset, and its test command
-  (matched exactly as Harbor builds it) gets GRADING_ENV. Harbor has no `tampered` cause: there
-  a pre-written reward or a planted hook is simply removed and the task is graded on its merits.
+  (matched exactly as Harbor builds it: verifier_commands.py) gets GRADING_ENV. Harbor has no
+  `tampered` cause: there a pre-written reward or a planted hook is simply removed and the task
+  is graded on its merits.
 - Network: a fresh network namespace with only loopback. Each forwarded port is relayed to one
   host TCP address (the capture proxy); no other host port and no other address is reachable.
 - Environment: every command starts from a clean environment (BASE_ENV + the task's and
@@ -149,7 +150,6 @@ Harbor's other backends (docker, e2b, modal, daytona), under a Harness session
 from __future__ import annotations
 
 import logging
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -158,7 +158,6 @@ from typing import Any
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.trial.paths import EnvironmentPaths
-from harbor.utils.scripts import quote_shell_arg
 
 from harness.service.sandboxes.dockerfile import (
     CopyStep,
@@ -177,6 +176,11 @@ from harness.service.sandboxes.local import BwrapSandbox, GradingReset, SandboxS
 from harness.service.sandboxes.mounts import resolved_tool_binds
 from harness.service.sandboxes.outputs import declared_outputs, declared_strict
 from harness.service.sandboxes.ports import parse_forward, url_forward
+from harness.service.sandboxes.verifier_commands import (
+    is_verifier_preamble,
+    is_verifier_test_command,
+    touches_grading,
+)
 
 __all__ = ["BwrapEnvironment"]
 
@@ -328,7 +332,7 @@ class BwrapEnvironment(BaseEnvironment):
     ) -> ExecResult:
         if self.sandbox is None:
             raise SandboxStartError(f"{self.session_id}: exec before start()")
-        grading = self._is_verifier_preamble(command)
+        grading = is_verifier_preamble(command, self.os)
         if grading:
             await self._grading_starts()
         else:
@@ -340,7 +344,7 @@ class BwrapEnvironment(BaseEnvironment):
             await callback(data.decode(errors="replace"), stream)  # type: ignore[arg-type]
 
         merged = self._merge_env(env)
-        if self._is_verifier_test_command(command):
+        if is_verifier_test_command(command, self.os):
             # The grader's environment (local.GRADING_ENV) under the task's own variables.
             extra = grading_env(merged, self.sandbox.spec.env)
             # grader_site.py: the work dir's modules never shadow the grader's own
@@ -389,54 +393,8 @@ class BwrapEnvironment(BaseEnvironment):
                     f"{reset.survivors}"
                 )
 
-    def _is_verifier_preamble(self, command: str) -> bool:
-        """True for the command Harbor's Verifier runs first: `rm -f -- <reward.txt> <reward.json>`.
-
-        Matched exactly (quoted as Harbor quotes it): an agent's own commands never reach this
-        method (they run inside its process), and a looser match could let a setup command that
-        merely mentions /tests start grading early. The other entries of a grading phase
-        (uploading /tests, `empty_dirs` / `reset_dirs` of the verifier dir) are caught where they
-        arrive, in `upload_dir` / `upload_file` / `empty_dirs` / `reset_dirs`.
-        """
-        paths = EnvironmentPaths.for_os(self.os)
-        rewards = (paths.reward_text_path, paths.reward_json_path)
-        return command.strip() == "rm -f -- " + " ".join(
-            quote_shell_arg(p, self.os) for p in rewards
-        )
-
-    def _is_verifier_test_command(self, command: str) -> bool:
-        """True for the command Harbor's Verifier runs the tests with: `(<a script under
-        /tests>) > <verifier dir>/test-stdout.txt 2>&1` (harbor.utils.scripts'
-        build_execution_command), matched exactly as `_is_verifier_preamble` is."""
-        paths = EnvironmentPaths.for_os(self.os)
-        stdout = quote_shell_arg(str(paths.verifier_dir / "test-stdout.txt"), self.os)
-        suffix = f") > {stdout} 2>&1"
-        text = command.strip()
-        if not (text.startswith("(") and text.endswith(suffix)):
-            return False
-        script = text[1 : -len(suffix)]
-        try:
-            words = shlex.split(script)
-        except ValueError:
-            return False
-        tests = str(paths.tests_dir).rstrip("/") + "/"
-        return (
-            len(words) == 1
-            and words[0].startswith(tests)
-            and quote_shell_arg(words[0], self.os) == script
-        )
-
-    def _touches_grading(self, *targets: Any) -> bool:
-        paths = EnvironmentPaths.for_os(self.os)
-        roots = (str(paths.tests_dir).rstrip("/"), str(paths.verifier_dir).rstrip("/"))
-        for target in targets:
-            t = str(target).rstrip("/")
-            if any(t == root or t.startswith(root + "/") for root in roots):
-                return True
-        return False
-
     async def empty_dirs(self, dirs: Any, *, chmod: bool = True) -> Any:
-        if self._touches_grading(*dirs):
+        if touches_grading(self.os, *dirs):
             await self._grading_starts()
             result = await super().empty_dirs(dirs, chmod=chmod)
             self._agent_ran = False  # that command was the verifier's own
@@ -446,7 +404,7 @@ class BwrapEnvironment(BaseEnvironment):
     async def reset_dirs(
         self, *, remove_dirs: Any, create_dirs: Any, chmod_dirs: Any = None
     ) -> Any:
-        if self._touches_grading(*remove_dirs, *create_dirs):
+        if touches_grading(self.os, *remove_dirs, *create_dirs):
             await self._grading_starts()
             result = await super().reset_dirs(
                 remove_dirs=remove_dirs, create_dirs=create_dirs, chmod_dirs=chmod_dirs
@@ -459,7 +417,7 @@ class BwrapEnvironment(BaseEnvironment):
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         assert self.sandbox is not None
-        if self._touches_grading(target_path):
+        if touches_grading(self.os, target_path):
             await self._grading_starts()
         else:
             self._agent_ran = True
@@ -467,7 +425,7 @@ class BwrapEnvironment(BaseEnvironment):
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         assert self.sandbox is not None
-        if not self._touches_grading(target_dir):
+        if not touches_grading(self.os, target_dir):
             self._agent_ran = True
             await self.sandbox.put_dir(Path(source_dir), target_dir)
             return
