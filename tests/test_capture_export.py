@@ -34,7 +34,7 @@ def record(session: Session, prompt: list[int], completion: list[int], *, n_tool
     capture = Capture(IdText.from_ids(prompt), array("i", completion), array("d", lps), {},
                       {"role": "assistant", "content": "x"}, "stop")
     missing = sum(1 for x in lps if math.isnan(x))
-    session.record_ok(call_id, capture, {  # what agent_routes._finish_ok records
+    session.record_ok(call_id, capture, {  # what capture.replies.finish_ok records
         "dialect": "chat", "n_tools": n_tools, "hint": "", "request": {"tools": []},
         "sampling": {}, "masked_logprobs": {"engine_sent_no_logprobs": missing} if missing else {}})
     return call_id

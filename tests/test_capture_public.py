@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from capture import CaptureClient, CaptureServer
-from capture.agent_routes import _truncation
 from capture.guard import Limits
+from capture.replies import truncation
 
 GENEROUS_S = 120.0
 HI = [{"role": "user", "content": "hi"}]
@@ -202,7 +202,7 @@ def test_a_proxy_that_cannot_run_the_guard_binds_nothing_and_says_why(fake, monk
     ("tool_calls", None, 64, 64, (False, None)),
 ])
 def test_truncation_says_whose_limit_cut_the_reply(finish, requested, sent, cap, expected):
-    assert _truncation(finish, {"requested": requested, "sent": sent}, cap) == expected
+    assert truncation(finish, {"requested": requested, "sent": sent}, cap) == expected
 
 
 @pytest.mark.parametrize("stream", [False, True])
