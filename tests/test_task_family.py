@@ -5,14 +5,10 @@ reference solution and fail wrong answers in the local sandbox (Harbor's Trial, 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
-from harbor.trial.trial import Trial
 
-from harness.service.sandboxes import environment_config
 from harness.tasks import TaskSourceError, load_folder, load_tasks
 from harness.tasks.family import (
     FAMILY_DIR,
@@ -24,16 +20,12 @@ from harness.tasks.family import (
     instances,
     main,
 )
-
-
-def _files(root: Path) -> dict[str, tuple[bytes, bool]]:
-    return {str(p.relative_to(root)): (p.read_bytes(), bool(p.stat().st_mode & 0o100))
-            for p in sorted(root.rglob("*")) if p.is_file()}
+from tests.helpers.task_folders import folder_files, trial_reward, with_solution
 
 
 def test_the_committed_set_is_exactly_what_the_generator_writes(tmp_path: Path):
     generate(tmp_path / "fresh")
-    assert _files(tmp_path / "fresh") == _files(FAMILY_DIR), (
+    assert folder_files(tmp_path / "fresh") == folder_files(FAMILY_DIR), (
         "harness/tasks/families/create-file is stale: regenerate it with "
         "`python -m harness.tasks.family --out harness/tasks/families/create-file --overwrite`")
 
@@ -105,30 +97,12 @@ def test_the_cli_writes_a_family_and_refuses_to_clobber_it(tmp_path: Path, capsy
     assert len(load_folder(out / "heldout")) == 12
 
 
-async def _reward(task_dir: Path, trials: Path, agent: str = "oracle") -> float:
-    config = TrialConfig(task=TaskConfig(path=task_dir), trials_dir=trials,
-                         trial_name=f"{agent}-{task_dir.name}", agent=AgentConfig(name=agent),
-                         environment=environment_config("local"))
-    result = await (await Trial.create(config)).run()
-    assert result.exception_info is None, result.exception_info
-    assert result.verifier_result is not None
-    return result.verifier_result.rewards["reward"]
-
-
-def _variant(task_dir: Path, tmp_path: Path, solve: str) -> Path:
-    """A copy of the task whose reference solution is replaced by a (wrong) answer."""
-    copy = tmp_path / f"{task_dir.name}-variant"
-    shutil.copytree(task_dir, copy)
-    (copy / "solution" / "solve.sh").write_text("#!/bin/bash\n" + solve + "\n")
-    return copy
-
-
 @pytest.mark.parametrize("split,task", [("heldout", "create-answer-hello-t1"),
                                         ("train", "create-out-done-t2"),
                                         ("train", "create-notes-42-t0")])
 async def test_the_reference_solution_passes_its_real_verifier(split: str, task: str,
                                                                tmp_path: Path):
-    assert await _reward(FAMILY_DIR / split / task, tmp_path) == 1
+    assert await trial_reward(FAMILY_DIR / split / task, tmp_path) == 1
 
 
 @pytest.mark.parametrize("solve", [
@@ -138,9 +112,9 @@ async def test_the_reference_solution_passes_its_real_verifier(split: str, task:
     "echo hello world > /app/answer.txt",
 ])
 async def test_wrong_answers_fail_the_real_verifier(solve: str, tmp_path: Path):
-    task = _variant(FAMILY_DIR / "heldout" / "create-answer-hello-t1", tmp_path, solve)
-    assert await _reward(task, tmp_path / "trials") == 0
+    task = with_solution(FAMILY_DIR / "heldout" / "create-answer-hello-t1", tmp_path, solve)
+    assert await trial_reward(task, tmp_path / "trials") == 0
 
 
 async def test_doing_nothing_fails(tmp_path: Path):
-    assert await _reward(FAMILY_DIR / "heldout" / "create-out-42-t0", tmp_path, "nop") == 0
+    assert await trial_reward(FAMILY_DIR / "heldout" / "create-out-42-t0", tmp_path, "nop") == 0

@@ -7,15 +7,11 @@ file and passes, wrong answers fail), and the per-step rates read from recorded 
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from harbor.models.trial.config import AgentConfig, TaskConfig, TrialConfig
-from harbor.trial.trial import Trial
 
-from harness.service.sandboxes import environment_config
 from harness.tasks import TaskSourceError, load_tasks
 from harness.tasks.lookup import (
     LOOKUP_DIR,
@@ -31,16 +27,12 @@ from harness.tasks.lookup import (
     source_text,
 )
 from harness.tasks.lookup_rates import by_instruction, instance_of, step_rates
-
-
-def _files(root: Path) -> dict[str, tuple[bytes, bool]]:
-    return {str(p.relative_to(root)): (p.read_bytes(), bool(p.stat().st_mode & 0o100))
-            for p in sorted(root.rglob("*")) if p.is_file()}
+from tests.helpers.task_folders import folder_files, trial_reward, with_solution
 
 
 def test_the_committed_set_is_exactly_what_the_generator_writes(tmp_path: Path):
     generate(tmp_path / "fresh")
-    assert _files(tmp_path / "fresh") == _files(LOOKUP_DIR), (
+    assert folder_files(tmp_path / "fresh") == folder_files(LOOKUP_DIR), (
         "harness/tasks/families/lookup is stale: regenerate it with "
         "`python -m harness.tasks.lookup --out harness/tasks/families/lookup --overwrite`")
 
@@ -111,30 +103,17 @@ def test_bad_splits_variants_and_unsafe_overwrites_are_refused(tmp_path: Path, c
     assert len(lookup_tasks("test", tmp_path / "swap")) == 96
 
 
-async def _reward(task_dir: Path, trials: Path, agent: str = "oracle") -> float:
-    config = TrialConfig(task=TaskConfig(path=task_dir), trials_dir=trials,
-                         trial_name=f"{agent}-{task_dir.name}", agent=AgentConfig(name=agent),
-                         environment=environment_config("local"))
-    result = await (await Trial.create(config)).run()
-    assert result.exception_info is None, result.exception_info
-    assert result.verifier_result is not None
-    return result.verifier_result.rewards["reward"]
-
-
 def _with_solution(task_dir: Path, tmp_path: Path, solve: str) -> Path:
-    copy = tmp_path / f"{task_dir.name}-variant"
-    shutil.copytree(task_dir, copy)
-    (copy / "solution" / "solve.sh").write_text("#!/bin/bash\ncd /app\n" + solve + "\n")
-    return copy
+    return with_solution(task_dir, tmp_path, "cd /app\n" + solve)
 
 
 async def test_the_reference_solution_reads_the_file_and_passes_its_real_verifier(
         tmp_path: Path):
     # The reference never names the word: it passes only because it read the file.
-    assert await _reward(LOOKUP_DIR / "test" / "lookup-key-answer-t1-queue", tmp_path) == 1
+    assert await trial_reward(LOOKUP_DIR / "test" / "lookup-key-answer-t1-queue", tmp_path) == 1
     generate(tmp_path / "swap", variant="swap")
     swapped = tmp_path / "swap" / "test" / "lookup-key-answer-t1-queue-swap"
-    assert await _reward(swapped, tmp_path / "t2") == 1
+    assert await trial_reward(swapped, tmp_path / "t2") == 1
 
 
 @pytest.mark.parametrize("solve", [
@@ -145,12 +124,12 @@ async def test_the_reference_solution_reads_the_file_and_passes_its_real_verifie
 ])
 async def test_wrong_answers_fail_the_real_verifier(solve: str, tmp_path: Path):
     task = _with_solution(LOOKUP_DIR / "test" / "lookup-key-answer-t1-queue", tmp_path, solve)
-    assert await _reward(task, tmp_path / "trials") == 0
+    assert await trial_reward(task, tmp_path / "trials") == 0
 
 
 async def test_a_blind_instance_cannot_be_solved_by_reading(tmp_path: Path):
     generate(tmp_path / "blind", variant="blind")
-    assert await _reward(tmp_path / "blind" / "test" / "lookup-key-answer-t1-queue-blind",
+    assert await trial_reward(tmp_path / "blind" / "test" / "lookup-key-answer-t1-queue-blind",
                          tmp_path / "t") == 0
 
 
