@@ -23,10 +23,11 @@ listener on 127.0.0.1; both checked by capture.guard before the route runs):
                                            forward (never the admin listener)
     GET    /health                         no key; liveness only, reveals no session
 
-Agent routes live in `agent_routes`. Starlette (not FastAPI): the proxy has a dozen routes and no
-schema to publish, and every layer between the socket and the engine is per-call CPU; for the same
-reason the three model-call routes are dispatched before Starlette's middleware and router
-(`CaptureApp`, `agent_routes.agent_call_asgi`). Every request passes capture.guard's `Gate`
+Agent routes live in `agent_routes` (a call's reply and record in `replies`). Starlette (not
+FastAPI): the proxy has a dozen routes and no schema to publish, and every layer between the
+socket and the engine is per-call CPU; for the same reason the three model-call routes are
+dispatched before Starlette's middleware and router (`CaptureApp`,
+`agent_routes.agent_call_asgi`). Every request passes capture.guard's `Gate`
 first: keys, the admin listener, and the body's bounds are checked there and nowhere else.
 """
 

@@ -3,7 +3,8 @@
     BwrapEnvironment  Harbor `BaseEnvironment` on bubblewrap (bwrap.py); import path
                       "harness.service.sandboxes.bwrap:BwrapEnvironment". Imports Harbor when first used.
     BwrapSandbox      the same sandbox without Harbor types (local.py)
-    GradingReset      what `prepare_grading()` killed and found before a verifier (local.py);
+    GradingReset      what `prepare_grading()` killed and found before a verifier
+                      (local_pid1_ops.py, the type in grading_state.py);
                       grading.py does the same through `exec` for Harbor's other backends
     SandboxSpec, SandboxLimits, sandbox_url, url_forward, resolved_tool_binds, venv_binds
     SANDBOX_BACKENDS, environment_config, ProxyExposure, expose_proxy   (expose.py)
