@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 import uuid
 from typing import Any
@@ -56,6 +55,7 @@ from harness.client.remote_results import JsonTrace, RemoteRolloutResult
 from harness.client.remote_session import RemoteSession
 from harness.client.service_pool import POLL_S, Service, ServicePool
 from harness.client.spawn import KEY_ENV
+from harness.shared.backoff import backoff_delay
 from harness.shared.errors import CAUSES, Cause, HarnessError, InfraError
 from harness.shared.per_loop import PerLoop
 
@@ -263,7 +263,7 @@ class RemoteSessionFactory:
                 if not retryable or attempt >= self.max_attempts:
                     raise error
                 self.retries += 1
-                time.sleep(self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.8, 1.2))
+                time.sleep(backoff_delay(self.backoff_s, attempt))
             finally:
                 self.pool.release(service)
 

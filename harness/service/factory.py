@@ -31,7 +31,6 @@ import contextlib
 import itertools
 import logging
 import os
-import random
 import time
 import uuid
 from pathlib import Path
@@ -42,6 +41,7 @@ from openenv.core.harness.rollout import ResourceSessionFactory
 from harness.service.agents import get_agent
 from harness.service.proxy_link import ADMIN_KEY_ENV, ProxyLink
 from harness.service.session import HarborSession, SandboxBackend, SandboxRequest, SessionConfig
+from harness.shared.backoff import backoff_delay
 from harness.shared.errors import CAUSES, AgentTimeoutError, Cause, HarnessError, cause_of
 from harness.shared.outcome import build_outcome
 from harness.shared.per_loop import PerLoop
@@ -333,8 +333,8 @@ class HarborSessionFactory(ResourceSessionFactory[HarborSession]):
             raise
 
     def _backoff(self, attempt: int) -> float:
-        """Seconds before attempt + 1: exponential, jittered so retries do not arrive together."""
-        return self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.8, 1.2)
+        """Seconds before attempt + 1 (harness.shared.backoff)."""
+        return backoff_delay(self.backoff_s, attempt)
 
 
 def _cause_of_finished(timed_out: bool, env_reward: float | None, *, tampered: bool) -> Cause:
