@@ -1,4 +1,4 @@
-"""`python -m capture --engine-url URL [--host] [--port] [--data-dir] [--admin-key-file]`.
+"""`python -m capture --engine-url URL[,URL...] [--host] [--port] [--data-dir] [--admin-key-file]`.
 
 Runs the capture proxy in the foreground until SIGINT/SIGTERM. The admin key is read from
 `--admin-key-file` when that file exists, otherwise generated and written there (mode 0600); with
@@ -49,7 +49,10 @@ def _admin_key(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m capture", description=__doc__.split("\n")[0])
-    parser.add_argument("--engine-url", required=True, help="vLLM server root, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--engine-url", required=True,
+                        help="vLLM server root, e.g. http://127.0.0.1:8000; several as "
+                             "URL,URL,...: each session is pinned to one (the least loaded live "
+                             "one), and an engine that dies is left (capture.engines)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8300, help="port (0 picks a free one)")
     parser.add_argument("--data-dir", type=Path, default=None,

@@ -165,8 +165,11 @@ def _send_early(state: CaptureState, session: Session, dialect: Dialect, raw: by
     if ahead is None:
         return None
     body, stream = ahead
+    try:
+        engine = state.engines.engine_for(session.session_id)
+    except UpstreamError:  # no engine left: the full path records the failed call
+        return None
     session.early.sent += 1
-    engine = state.engine
     return EarlyCall(body, stream, engine.open_stream(body) if stream else engine.complete(body))
 
 
@@ -187,7 +190,9 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
     stream = bool(chat.get("stream"))
     info = CallInfo(dialect, body, chat, enforced, start, dropped)
     try:
-        chat["model"] = await state.engine.served_model()
+        # The session's engine (capture.engines: the same one for all its calls).
+        engine = state.engines.engine_for(session.session_id)
+        chat["model"] = await engine.served_model()
     except UpstreamError as exc:  # the engine is down: a failed call, counted for the rollout
         call_id = session.next_call_id()
         session.in_flight += 1
@@ -207,7 +212,7 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
     sent = _take_early(session, early, engine_body, stream)
     if not stream:
         try:
-            reply, prompt = await (sent or state.engine.complete(engine_body))
+            reply, prompt = await (sent or engine.complete(engine_body))
             recorder.add_reply(reply, prompt)
             recorder.check()
         except UpstreamError as exc:
@@ -224,7 +229,7 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
         return AnswerThenRecord(answer, lambda: finish_ok(
             state, session, call_id, recorder, info))
     try:
-        upstream = await (sent or state.engine.open_stream(engine_body))
+        upstream = await (sent or engine.open_stream(engine_body))
     except UpstreamError as exc:
         finish_failed(state, session, call_id, exc, info)
         return error_response(exc, dialect)
@@ -269,7 +274,7 @@ async def models(request: Request) -> Response:
     state: CaptureState = request.app.state.capture
     dialect = DIALECTS["chat"]
     try:
-        name = await state.engine.served_model()
+        name = await state.engines.engine_for(request.scope[SESSION].session_id).served_model()
     except CaptureError as exc:
         return error_response(exc, dialect)
     created = int(time.time())

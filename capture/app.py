@@ -17,11 +17,14 @@ listener on 127.0.0.1; both checked by capture.guard before the route runs):
                                            capture.sessions.failure_kind), dropped_fields
                                            {field: calls} (capture.allowlist)
     DELETE /admin/sessions/{id}            forget it (and its on-disk log)
-    POST   /admin/weight_version           {"version": int}: the engine's weights changed
-    GET    /admin/weight_version
+    POST   /admin/weight_version           {"version": int, "retired"?: [engine URL]}: the engines'
+                                           weights changed; the retired ones (the push to them
+                                           failed) are taken out first (capture.engines)
+    GET    /admin/weight_version           {version, engines: [{url, sessions, out}]}
     GET    /admin/agent_url                {"url"}: the agent listener, for a local sandbox's
                                            forward (never the admin listener)
-    GET    /health                         no key; liveness only, reveals no session
+    GET    /health                         no key; liveness and how many engines are live,
+                                           reveals no session
 
 Agent routes live in `agent_routes` (a call's reply and record in `replies`). Starlette (not
 FastAPI): the proxy has a dozen routes and no schema to publish, and every layer between the
@@ -49,12 +52,12 @@ from starlette.routing import Route
 
 from .agent_routes import agent_call_asgi, agent_endpoint, count_tokens, json_object, models, probe
 from .calllog import sync_fds
+from .engines import EnginePool
 from .errors import BadRequest, CaptureError, NothingTrainableError
 from .export import iter_trace_json, plan_export
 from .guard import Gate, error_response, read_body
 from .sessions import SessionStore
 from .state import CaptureState, Limits
-from .upstream import EngineClient
 
 __all__ = ["CaptureApp", "create_app"]
 
@@ -180,6 +183,7 @@ async def delete_session(request: Request) -> Response:
     state: CaptureState = request.app.state.capture
     try:
         state.store.delete(request.path_params["session_id"])
+        state.engines.release(request.path_params["session_id"])
     except CaptureError as exc:
         return error_response(exc)
     return JSONResponse({"deleted": request.path_params["session_id"]})
@@ -193,19 +197,31 @@ async def weight_version(request: Request) -> Response:
             version = body.get("version")
             if isinstance(version, bool) or not isinstance(version, int):
                 raise BadRequest('send {"version": <int>}')
+            retired = body.get("retired") or []
+            if not isinstance(retired, list) or not all(isinstance(u, str) for u in retired):
+                raise BadRequest('"retired" must be a list of engine URLs')
+            # Out before the stamp: no call of an engine that missed `version` is recorded at it.
+            for url in retired:
+                try:
+                    await state.engines.retire(url)
+                except ValueError as exc:
+                    raise BadRequest(str(exc)) from exc
             state.weight_version = version
     except CaptureError as exc:
         return error_response(exc)
-    return JSONResponse({"version": state.weight_version})
+    return JSONResponse({"version": state.weight_version, "engines": state.engines.describe()})
 
 
 async def health(request: Request) -> Response:
     state: CaptureState = request.app.state.capture
-    return JSONResponse({"ok": True, "weight_version": state.weight_version})
+    # Counts only: engine addresses are for the admin key (GET /admin/weight_version).
+    return JSONResponse({"ok": bool(state.engines.live), "weight_version": state.weight_version,
+                         "engines": {"live": len(state.engines.live),
+                                     "total": len(state.engines.members)}})
 
 
 def create_app(
-    engine_url: str,
+    engine_url: str | list[str],
     *,
     admin_key: str,
     data_dir: Path | None = None,
@@ -218,6 +234,7 @@ def create_app(
 ) -> CaptureApp:
     """Build the proxy app; recovers sessions from `data_dir` if it holds any.
 
+    `engine_url`: one engine's URL, or several (a list, or "a,b,...": capture.engines).
     `fsync`: the call logs' durability policy (capture.calllog); `limits`: capture.guard
     (`max_body_bytes`, when given, overrides its body bound)."""
     limits = limits or Limits()
@@ -230,7 +247,7 @@ def create_app(
     if recovered:
         logger.info("recovered %d session(s) from %s", recovered, data_dir)
     state = CaptureState(
-        engine=EngineClient(engine_url, timeout_s=upstream_timeout_s),
+        engines=EnginePool(engine_url, timeout_s=upstream_timeout_s),
         store=store,
         admin_key=admin_key,
         limits=limits,
@@ -270,7 +287,7 @@ def create_app(
             if flusher is not None:
                 flusher.cancel()
             store.close()
-            await state.engine.aclose()
+            await state.engines.aclose()
 
     app = CaptureApp(routes=routes, lifespan=lifespan)
     app.state.capture = state

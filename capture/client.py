@@ -75,6 +75,10 @@ class _Calls:
     """Request shapes shared by both clients (no I/O here)."""
 
     @staticmethod
+    def version_body(version: int, retired: list[str] | None) -> dict[str, Any]:
+        return {"version": version, **({"retired": list(retired)} if retired else {})}
+
+    @staticmethod
     def create_body(sampling: dict[str, Any] | None, metadata: dict[str, Any] | None,
                     session_id: str | None, step_limit: int | None = None,
                     caps: dict[str, int | None] | None = None) -> dict[str, Any]:
@@ -154,8 +158,10 @@ class CaptureClient:
     def delete_session(self, session_id: str) -> None:
         _raise_for(self._http.delete(f"/admin/sessions/{session_id}"), session_id)
 
-    def set_weight_version(self, version: int) -> None:
-        _raise_for(self._http.post("/admin/weight_version", json={"version": version}))
+    def set_weight_version(self, version: int, retired: list[str] | None = None) -> None:
+        """`retired`: engines that missed `version` (their push failed), taken out first."""
+        _raise_for(self._http.post("/admin/weight_version",
+                                   json=_Calls.version_body(version, retired)))
 
 
 class AsyncCaptureClient:
@@ -207,5 +213,6 @@ class AsyncCaptureClient:
     async def delete_session(self, session_id: str) -> None:
         _raise_for(await self._http.delete(f"/admin/sessions/{session_id}"), session_id)
 
-    async def set_weight_version(self, version: int) -> None:
-        _raise_for(await self._http.post("/admin/weight_version", json={"version": version}))
+    async def set_weight_version(self, version: int, retired: list[str] | None = None) -> None:
+        _raise_for(await self._http.post("/admin/weight_version",
+                                         json=_Calls.version_body(version, retired)))

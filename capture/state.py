@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .engines import EnginePool
     from .sessions import SessionStore
-    from .upstream import EngineClient
 
 __all__ = ["CaptureState", "Limits"]
 
@@ -43,7 +43,7 @@ class Limits:
 class CaptureState:
     """Everything the routes share. One per proxy; lives on `app.state.capture`."""
 
-    engine: EngineClient
+    engines: EnginePool  # one or more engines; `engines.engine_for(session_id)` per call
     store: SessionStore
     admin_key: str
     limits: Limits = field(default_factory=Limits)

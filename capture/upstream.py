@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -126,8 +126,22 @@ class EngineClient:
         # URL objects made once: aiohttp parses a str URL (and derives its Host) on every call
         self._chat_url = URL(f"{self.engine_url}/v1/chat/completions")
         self._models_url = URL(f"{self.engine_url}/v1/models")
+        self._health_url = URL(f"{self.engine_url}/health")
         self._http: aiohttp.ClientSession | None = None
         self._model: str | None = None
+        # Told of every transport failure (refused, dropped, silent), translated: how an
+        # EnginePool (capture.engines) hears that an engine may be gone. None: nobody listens.
+        self.on_failure: Callable[[EngineClient, UpstreamError], None] | None = None
+
+    def _failed(self, exc: BaseException) -> UpstreamError:
+        """`exc` translated (the one mapping, `_translate`), after telling `on_failure`."""
+        translated = _translate(exc, self.engine_url)
+        self.failed(translated)
+        return translated
+
+    def failed(self, error: UpstreamError) -> None:
+        if self.on_failure is not None:
+            self.on_failure(self, error)
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
@@ -143,6 +157,17 @@ class EngineClient:
         if self._http is not None:
             await self._http.close()
             self._http = None
+
+    async def healthy(self, timeout_s: float = 5.0) -> bool:
+        """Whether the engine answers GET /health with 200 within `timeout_s` (vLLM's liveness
+        route; the fake engines serve it too). Never raises."""
+        try:
+            async with self._session().get(
+                    self._health_url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+                await response.read()
+                return response.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
 
     async def served_model(self) -> str:
         """The engine's served model name (asked once, then cached)."""
@@ -176,7 +201,7 @@ class EngineClient:
                 content = await response.read()
                 status = response.status
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise _translate(exc, self.engine_url) from exc
+            raise self._failed(exc) from exc
         if status != 200:
             raise EngineHTTPError(status, _error_body(content))
         return content
@@ -189,7 +214,7 @@ class EngineClient:
             async with asyncio.timeout(self.timeout_s):
                 response = await self._session().post(self._chat_url, data=body, headers=_JSON)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise _translate(exc, self.engine_url) from exc
+            raise self._failed(exc) from exc
         if response.status != 200:
             try:
                 content = await response.read()
@@ -198,7 +223,7 @@ class EngineClient:
             finally:
                 response.release()
             raise EngineHTTPError(response.status, _error_body(content))
-        return EngineStream(response, self.engine_url, self.timeout_s)
+        return EngineStream(response, self.engine_url, self.timeout_s, self)
 
 
 # The engine's API key, as launchers.engine starts it (launchers.engine.API_KEY_ENV).
@@ -242,8 +267,9 @@ class EngineStream:
     """One open SSE reply. Iterate `batches()`; always `aclose()` (the route does)."""
 
     def __init__(self, response: aiohttp.ClientResponse, engine_url: str,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, client: EngineClient | None = None) -> None:
         self._response = response
+        self._client = client  # told of a stream that breaks (EngineClient.failed)
         self._engine_url = engine_url
         self.prompt: IdText | None = None  # from the first event, cut out before parsing
         self._timeout_s = timeout_s
@@ -314,13 +340,18 @@ class EngineStream:
                     yield batch
         except asyncio.CancelledError:
             if self._silent and task.uncancel() == 0:  # the watchdog's, no one else's
-                raise EngineTimeout(f"the engine at {self._engine_url} sent nothing for "
-                                    f"{self._timeout_s:g} s mid-stream") from None
+                silent = EngineTimeout(f"the engine at {self._engine_url} sent nothing for "
+                                       f"{self._timeout_s:g} s mid-stream")
+                if self._client is not None:
+                    self._client.failed(silent)
+                raise silent from None
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             translated = _translate(exc, self._engine_url)
             if isinstance(translated, EngineUnreachable):  # broke after it started: a disconnect
                 translated = EngineDisconnected(f"engine stream broke: {exc!r}")
+            if self._client is not None:
+                self._client.failed(translated)
             raise translated from exc
         finally:
             self._waiting_since = None

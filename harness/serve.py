@@ -104,7 +104,9 @@ def _key(args: argparse.Namespace) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser("python -m harness.serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine-url", required=True, help="the vLLM engine the capture proxy fronts")
+    p.add_argument("--engine-url", required=True,
+                   help="the vLLM engine the capture proxy fronts; several as URL,URL,...: each "
+                        "session is pinned to one, the least loaded live one (capture.engines)")
     p.add_argument("--tasks", default="bundled", help="default split (harness.tasks spec)")
     p.add_argument("--task-count", type=int, default=None)
     p.add_argument("--max-sessions", type=int, default=8,

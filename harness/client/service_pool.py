@@ -107,13 +107,16 @@ class ServicePool:
                     service.url, type(exc).__name__, exc, self.down_s)
         service.down_until = time.monotonic() + self.down_s
 
-    def set_weight_version(self, version: int) -> None:
-        """Tell every service's capture proxy the engine's weights changed (a dead one: logged;
-        it hears the version with its next rollout)."""
+    def set_weight_version(self, version: int, retired: list[str] | None = None) -> None:
+        """Tell every service's capture proxy the engines' weights changed (a dead one: logged;
+        it hears the version with its next rollout). `retired`: engines whose weight push failed,
+        which each proxy takes out before it stamps `version` (capture.engines). A service down at
+        that moment misses the retirement (it later hears only the version): restart it."""
         self.weight_version = version
+        body: dict[str, Any] = {"version": version, **({"retired": retired} if retired else {})}
         for s in self.services:
             try:
-                r = self._sync.post(f"{s.url}/v1/weight_version", json={"version": version},
+                r = self._sync.post(f"{s.url}/v1/weight_version", json=body,
                                     timeout=httpx.Timeout(10.0, connect=2.0))
                 r.raise_for_status()
             except httpx.HTTPError as exc:

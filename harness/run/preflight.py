@@ -47,12 +47,15 @@ def _check_sandbox(settings: RunSettings) -> list[str]:
 
 def _check_engine(settings: RunSettings) -> list[str]:
     if settings.engine_url:
-        try:
-            httpx.get(settings.engine_url.rstrip("/") + "/health", timeout=5).raise_for_status()
-        except httpx.HTTPError as exc:
-            return [f"--engine-url {settings.engine_url}: not a healthy vLLM server ({exc}); "
-                    "start one (python -m launchers.engine) or drop the flag to launch one here"]
-        return []
+        problems = []
+        for url in settings.engine_urls():  # every one of several: a run starts on all
+            try:
+                httpx.get(url + "/health", timeout=5).raise_for_status()
+            except httpx.HTTPError as exc:
+                problems.append(f"--engine-url {url}: not a healthy vLLM server ({exc}); start "
+                                "one (python -m launchers.engine) or drop the flag to launch "
+                                "one here")
+        return problems
     try:
         from launchers.paths import engine_python
 
@@ -128,7 +131,8 @@ def _wait_for_ready(settings: RunSettings, remote: bool) -> list[str]:
 
     targets = []
     if settings.engine_url:
-        targets.append(Target("--engine-url", settings.engine_url, "the vLLM engine"))
+        targets += [Target("--engine-url", url, "the vLLM engine")
+                    for url in settings.engine_urls()]
     if remote:
         targets += [Target("--rollout-service", url, "the rollout service")
                     for url in settings.rollout_service_urls()
@@ -233,7 +237,8 @@ def preflight(settings: RunSettings, *, train: bool) -> list[str]:
     problems += not_ready  # what never answered is not asked anything else below
     if settings.weight_sync and settings.engine_url and train and not not_ready:
         # A running engine was started by someone else; it must expose the weight-transfer routes.
-        problems += _check_weight_transfer_routes(settings.engine_url)
+        for url in settings.engine_urls():
+            problems += _check_weight_transfer_routes(url)
     problems += _check_model(settings)
     if remote and not not_ready:
         # The services load the tasks, run the sandboxes and expose their own proxies.

@@ -71,7 +71,10 @@ async def weight_version(request: Request, s: RolloutService, body: dict) -> Res
     version = body.get("version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise BadRequest('send {"version": <int>}')
-    await s.set_weight_version(version)
+    retired = body.get("retired") or []
+    if not isinstance(retired, list) or not all(isinstance(u, str) for u in retired):
+        raise BadRequest('"retired" must be a list of engine URLs')
+    await s.set_weight_version(version, retired)
     return JSONResponse({"version": version})
 
 

@@ -234,11 +234,13 @@ class RolloutService:
                 and version > self.proxy.state.weight_version:
             await self.set_weight_version(version)
 
-    async def set_weight_version(self, version: int) -> None:
+    async def set_weight_version(self, version: int, retired: list[str] | None = None) -> None:
+        """`retired`: engines whose weight push failed, taken out of the proxy before the stamp
+        (capture.engines)."""
         from capture.client import AsyncCaptureClient
 
         async with AsyncCaptureClient(self.proxy.admin_url, self.proxy.admin_key) as capture:
-            await capture.set_weight_version(version)
+            await capture.set_weight_version(version, retired)
 
     async def start_rollout(self, body: dict[str, Any]) -> str:
         """Start an admitted rollout (its slot was taken by `admit()`, held while starting)."""

@@ -135,6 +135,13 @@ class RunSettings:
         """--rollout-service as a list of URLs ([] when a local service is started)."""
         return [u.strip() for u in (self.rollout_service or "").split(",") if u.strip()]
 
+    def engine_urls(self) -> list[str]:
+        """--engine-url as a list of server roots ([] when this command launches vLLM). Several:
+        one proxy spreads sessions over them (capture.engines), the trainer pushes weights into
+        each (trainer.weight_sync.fanout)."""
+        roots = [u.strip().rstrip("/") for u in (self.engine_url or "").split(",") if u.strip()]
+        return [u[:-3] if u.endswith("/v1") else u for u in roots]
+
     def trainer_config(self):  # -> AsyncGRPOConfig, imported lazily (torch)
         from harness.shared.run_dir import fresh_run_dir
         from trainer.config import AsyncGRPOConfig
@@ -199,7 +206,9 @@ def _help(name: str) -> str:
                  "registry:name@version, or hf:org/repo",
         "task_count": "use only the first N tasks",
         "sandbox": "where rollouts run: local (bubblewrap), docker, e2b, daytona, modal, podman",
-        "engine_url": "use this running vLLM server instead of launching one",
+        "engine_url": "use this running vLLM server instead of launching one; several as "
+                      "URL,URL,...: the proxy pins each rollout session to one of them (the "
+                      "least loaded live one) and the weight sync pushes into all",
         "engine_port": "port for the launched vLLM (default: a free port)",
         "served_model_name": "model name the engine serves and agents ask for",
         "num_generations": "rollouts per task per GRPO group",
