@@ -19,6 +19,13 @@ optional extras; each one is what another room stands on:
                                      take that path (measured: 12 seeded 1.5k-token prompts at once
                                      crash the engine with chunks, pass without, issue 32)
 
+Parallelism passes through: `tensor_parallel_size` and `data_parallel_size` become vLLM's
+--tensor-parallel-size / --data-parallel-size (left out at 1, so a one-device command line is
+what it always was). The weight sync sizes its NCCL group from the engine's world as vLLM reports
+it (GET /get_world_size, TP x PP x DP; trainer/weight_sync/nccl.py). vLLM-CPU has no data
+parallel: on CPU a data-parallel size above 1 is refused here, and the way to more engines is
+several of them behind one proxy (--engine-url a,b,...; capture/engines.py).
+
 Who may call it: with $HARNESS_ENGINE_API_KEY (or `api_key=`) the engine wants that key on its
 /v1 routes (vLLM's `--api-key`, given as its VLLM_API_KEY variable so `ps` never shows it); the
 capture proxy (capture.upstream) and weight sync (trainer.weight_sync.client) send it from the
@@ -170,11 +177,20 @@ class Engine:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         api_key: str | None = None,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
     ) -> None:
         """`api_key`: the key the engine wants on its /v1 routes (default: $HARNESS_ENGINE_API_KEY;
-        none: no key). `host` must be loopback: the dev-mode routes take no key (module doc)."""
+        none: no key). `host` must be loopback: the dev-mode routes take no key (module doc).
+        `tensor_parallel_size` / `data_parallel_size`: vLLM's (module doc)."""
         if not is_loopback(host):
             raise EngineError(_public_host_refusal(host))
+        for name, size in (("tensor_parallel_size", tensor_parallel_size),
+                           ("data_parallel_size", data_parallel_size)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise EngineError(f"{name} must be a whole number >= 1, got {size!r}")
+        self.tensor_parallel_size = tensor_parallel_size
+        self.data_parallel_size = data_parallel_size
         self.api_key = api_key if api_key is not None else (os.environ.get(API_KEY_ENV) or None)
         self.model_path = Path(model_path)
         self.host = host
@@ -218,6 +234,15 @@ class Engine:
             "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser,
             "--seed", "0",
         ]
+        if self.tensor_parallel_size > 1:
+            cmd += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.data_parallel_size > 1:
+            if not on_gpu:
+                raise EngineError(
+                    f"data_parallel_size={self.data_parallel_size}: vLLM-CPU cannot run data "
+                    "parallel; start several engines instead and give them all to the run "
+                    "(--engine-url URL,URL,...: one proxy spreads the sessions over them)")
+            cmd += ["--data-parallel-size", str(self.data_parallel_size)]
         if not on_gpu:  # seeded requests crash vLLM-CPU's chunked prefill (module docstring)
             cmd += ["--no-enable-chunked-prefill",
                     "--max-num-batched-tokens", str(self.max_model_len)]
@@ -366,6 +391,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weight-transfer-backend", choices=["nccl", "harness_gloo"],
                         help="enable weight sync with this backend")
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="GPUs each layer is sharded over (vLLM's flag; default 1)")
+    parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                        help="model replicas in this engine (vLLM's flag; default 1; GPUs only: "
+                             "on CPU run several engines behind one proxy, --engine-url a,b)")
     parser.add_argument("--log", help="log file (default: a temp file)")
     args, extra = parser.parse_known_args(argv)
     if not is_loopback(args.host):  # before any model is fetched
@@ -378,7 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine = Engine(model.path, host=args.host, port=args.port,
                         served_model_name=args.served_model_name,
                         weight_transfer_backend=args.weight_transfer_backend,
-                        max_model_len=args.max_model_len, log_path=args.log, extra_args=extra)
+                        max_model_len=args.max_model_len, log_path=args.log, extra_args=extra,
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        data_parallel_size=args.data_parallel_size)
     except EngineError as exc:
         parser.exit(2, f"error: {exc}\n")
     signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the engine like Ctrl-C does

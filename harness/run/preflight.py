@@ -45,7 +45,23 @@ def _check_sandbox(settings: RunSettings) -> list[str]:
     return problems
 
 
+def _engine_parallel_problems(settings: RunSettings) -> list[str]:
+    """--engine-tensor/data-parallel-size: whole numbers >= 1, for an engine launched here."""
+    problems = []
+    for flag, size in (("--engine-tensor-parallel-size", settings.engine_tensor_parallel_size),
+                       ("--engine-data-parallel-size", settings.engine_data_parallel_size)):
+        if size < 1:
+            problems.append(f"{flag} {size}: must be >= 1")
+        elif size > 1 and settings.engine_url:
+            problems.append(f"{flag} {size} with --engine-url: it sizes the engine launched "
+                            "here; start yours with vLLM's own flag instead")
+    return problems
+
+
 def _check_engine(settings: RunSettings) -> list[str]:
+    parallel = _engine_parallel_problems(settings)
+    if parallel:
+        return parallel
     if settings.engine_url:
         problems = []
         for url in settings.engine_urls():  # every one of several: a run starts on all

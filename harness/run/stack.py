@@ -144,7 +144,9 @@ class RunStack:
         if engine_url is None:
             self.engine = Engine(self.model_path, port=s.engine_port, served_model_name=s.served_model_name,
                                  weight_transfer_backend=self.weight_backend,
-                                 log_path=self.run_dir / "logs" / "vllm.log")
+                                 log_path=self.run_dir / "logs" / "vllm.log",
+                                 tensor_parallel_size=s.engine_tensor_parallel_size,
+                                 data_parallel_size=s.engine_data_parallel_size)
             engine_url = self.engine.url  # its port is chosen before it starts
         # The local service needs only the engine's URL to start: it starts while vLLM loads.
         pending = self._spawn_service(engine_url) if self.rollouts == "service" else None

@@ -71,6 +71,9 @@ class RunSettings:
     sandbox: str = "local"
     engine_url: str | None = None  # None: launch vLLM here
     engine_port: int | None = None
+    # vLLM's own parallelism of the engine launched here (vllm serve -tp / -dp); 1: none.
+    engine_tensor_parallel_size: int = 1
+    engine_data_parallel_size: int = 1
     served_model_name: str = "tiny"
     # The embedded CPU default (README's main command): 12 steps of 4 groups x 8 rollouts.
     num_generations: int = 8
@@ -210,6 +213,11 @@ def _help(name: str) -> str:
                       "URL,URL,...: the proxy pins each rollout session to one of them (the "
                       "least loaded live one) and the weight sync pushes into all",
         "engine_port": "port for the launched vLLM (default: a free port)",
+        "engine_tensor_parallel_size": "GPUs the launched vLLM shards each layer over (its "
+                                       "--tensor-parallel-size; default 1)",
+        "engine_data_parallel_size": "model replicas inside the launched vLLM (its "
+                                     "--data-parallel-size; default 1; GPUs only: on CPU start "
+                                     "several engines and give --engine-url URL,URL)",
         "served_model_name": "model name the engine serves and agents ask for",
         "num_generations": "rollouts per task per GRPO group",
         "groups_per_step": "groups consumed by one optimizer step",

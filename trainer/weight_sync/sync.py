@@ -10,6 +10,18 @@ pause(mode=keep) -> start_weight_update -> update_weights + stream tensors -> fi
 The transfer group is opened once, lazily, at the first push (`/init_weight_transfer_engine`
 with the trainer as rank 0 and every vLLM worker after it) and reopened after a failed push.
 
+How the group is sized (read from vLLM 0.32's weight-transfer code,
+vllm/distributed/weight_transfer/nccl_common.py and vllm/entrypoints/rl/online/api_router.py):
+the trainer asks GET /get_world_size, which answers the engine's whole world with data
+parallelism counted (`parallel_config.world_size_across_dp` = TP x PCP x PP x DP), and opens a
+group of 1 + that many ranks. The trainer is rank 0, the only sender; each vLLM worker joins at
+rank 1 + dp_index x (TP x PCP x PP) + its rank within its replica, so every worker of every
+data-parallel replica receives each full tensor by broadcast and shards it itself
+(`load_weights`), as from a checkpoint. So `--engine-tensor-parallel-size 4
+--engine-data-parallel-size 2` means a group of 9 and nothing to configure here. Several engines
+(`--engine-url a,b`) are several groups, one per engine, each with its own rendezvous port
+(trainer.weight_sync.fanout).
+
 DECIDED ONCE, WITH THE REASON LOGGED: the path. CUDA in the trainer -> vLLM's "nccl" engine
 (trainer.weight_sync.nccl); no CUDA -> "harness_gloo" (trainer.weight_sync.gloo, with the vLLM
 plugin trainer.weight_sync.vllm_plugin on the engine side). The engine must have been started
