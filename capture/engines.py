@@ -10,7 +10,8 @@ Decisions:
     prefix in its cache prefills only the new tokens. Spreading calls instead would re-prefill a
     whole conversation (thousands of tokens for a real agent) on every engine switch.
   * Placement: a session's first call goes to the live engine with the fewest sessions pinned
-    on it (ties: the first listed). Sessions, not calls in flight: an agent spends much of its
+    on it; ties go round the list (after the engine last chosen), so sessions that come one at a
+    time (concurrency 1: each is deleted before the next starts) still take turns. Sessions, not calls in flight: an agent spends much of its
     rollout running tools between calls, so calls in flight undercount what an engine will be
     asked next. A session's pin is released when it is deleted (`release`).
   * Death. A connection refused (EngineUnreachable) takes an engine out at once; a dropped
@@ -90,6 +91,7 @@ class EnginePool:
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
         self._pins: dict[str, _Member] = {}
+        self._turn = 0  # where the search for the least-loaded engine starts (ties take turns)
         self._health: asyncio.Task[None] | None = None
         self._probing: set[asyncio.Task[None]] = set()
 
@@ -123,7 +125,10 @@ class EnginePool:
             member.sessions -= 1
             logger.info("session %s moves from %s (out) to another engine", session_id,
                         member.client.engine_url)
-        chosen = min(live, key=lambda m: m.sessions)  # min keeps the first of equals
+        n = len(self.members)
+        # min keeps the first of equals: the first counted from the engine after the last chosen
+        chosen = min(live, key=lambda m: (m.sessions, (self.members.index(m) - self._turn) % n))
+        self._turn = (self.members.index(chosen) + 1) % n
         chosen.sessions += 1
         self._pins[session_id] = chosen
         return chosen.client

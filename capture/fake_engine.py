@@ -104,6 +104,7 @@ class FakeEngine:
         self.tool_calls = tool_calls
         self.fault: str | None = None
         self.requests: list[dict[str, Any]] = []  # last bodies seen (bounded), for tests
+        self.calls = 0  # chat requests served or failed, all of them (the bench's share per engine)
         self._runner = ThreadedUvicorn(self, host, port)
         self.url = ""
 
@@ -157,6 +158,7 @@ class FakeEngine:
             await send_json(send, 400, {"error": {"message": f"fake engine: {exc}", "code": 400}})
             return
         self.requests = [*self.requests[-49:], body]
+        self.calls += 1
         fault = self.fault
         if fault == "http500":
             await send_json(send, 500, {"error": {"message": "fake engine failure", "code": 500}})

@@ -84,6 +84,14 @@ def test_a_new_session_goes_to_the_engine_with_fewest_sessions(admin, proxy, fak
     assert [e["sessions"] for e in engines(proxy)] == [1, 1]
 
 
+def test_sessions_that_come_one_at_a_time_take_turns_over_the_engines(admin, fakes):
+    for k in range(4):  # each deleted before the next: every placement is a tie at 0 sessions
+        info = admin.create_session()
+        call(info, f"one {k}")
+        admin.delete_session(info.session_id)
+    assert [served_by(fakes, f"one {k}") for k in range(4)] == [[0], [1], [0], [1]]
+
+
 def test_an_engine_that_dies_costs_only_its_in_flight_calls(admin, proxy, fakes):
     a, b = admin.create_session(), admin.create_session()
     call(a, "a"), call(b, "b")  # a on engine 0, b on engine 1

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/rollouts/bench.py [--agents mini-swe-agent opencode] [--n 8]
                                              [--concurrency 1 4 8] [--token-delay-ms 0]
+                                             [--engines 1 2] [--repeats 3]
 
 The engine is `capture.fake_engine` (instant deterministic replies, vLLM's wire shape), so what is
 left is the harness and the agent CLI itself. Each rollout is a real one: bubblewrap sandbox,
@@ -16,6 +17,25 @@ Per rollout, from `RolloutResult.timings` (seconds):
 Rollouts/minute = n / wall time of the batch. Target for sandbox start + teardown: < 100 ms.
 
 The machine is shared (2 cores here), so the load average is printed next to the figures.
+
+Several engines (`--engines 1 2`, issue 36): the same batches with the proxy given one fake engine
+and then two (`--engine-url a,b`: capture/engines.py pins each session to the least-loaded one);
+each row with k > 1 engines prints its rollouts/min against the one-engine row of the same run
+(the scaling ratio) and how the engine calls split over the engines. The fake is instant and has
+no capacity limit, so this measures what spreading costs or gains the harness, not an engine's
+throughput: a ratio near 1.0 says routing is free; a real engine-bound run would scale by the
+engines' capacity instead.
+
+Measured 2026-12-03 (2 cores shared with another experiment, load average 7-22; mini-swe-agent,
+--max-steps 3, `--engines 1 2 --repeats 3`, batches interleaved 1, 2, 1, 2, 1, 2):
+    c   n    one engine (3 batches)      two engines (3 batches)     ratio of medians   calls split
+    4   12   98.2, 103.5, 107.8 /min     98.6, 99.9, 99.7 /min            0.96x          18 / 18 each
+    1    8   71.4, 47.6, 11.5 /min       86.9, 12.4, 16.0 /min            0.34x          12 / 12 each
+At c=4 routing over two engines costs nothing measurable (within the batches' own spread); at
+c=1 the machine's load swung the same configuration from 11.5 to 86.9 rollouts/min inside the
+run, so that ratio is the load's, not the engines' (an earlier c=1 run gave 1.55x). Every
+batch split the engine calls evenly: the placement alternates even when sessions come one at
+a time.
 
 Measured 2026-11-29 (2 cores, load average 9-19 from other test runs; --n 8, --max-steps 3):
     agent           c   rollouts/min   median total   median harness   harness / total
@@ -74,7 +94,8 @@ async def _batch(factory: HarborSessionFactory, n: int) -> tuple[float, list]:
     return time.monotonic() - started, results
 
 
-def run(agent: str, engine_url: str, n: int, concurrency: int, max_steps: int) -> dict[str, float]:
+def run(agent: str, engine_url: str, n: int, concurrency: int, max_steps: int,
+        label: str = "") -> dict[str, float]:
     # "mini-swe-agent[litellm]": the same agent with mini-swe-agent's own litellm model client.
     name, _, client = agent.partition("[")
     MiniSweAgent.MODEL_CLIENT = client.rstrip("]") or "direct"  # type: ignore[assignment]
@@ -109,7 +130,7 @@ def run(agent: str, engine_url: str, n: int, concurrency: int, max_steps: int) -
     }
     phases = "  ".join(f"{p} {_ms([t[p] for t in timings if p in t])}" for p in HARNESS_PHASES)
     print(
-        f"{agent:24s} c={concurrency}  {row['per_min']:6.1f} rollouts/min  "
+        f"{agent:24s} c={concurrency}{label}  {row['per_min']:6.1f} rollouts/min  "
         f"total {row['total']:5.2f} s  agent {row['agent']:5.2f} s  harness "
         f"{row['harness'] * 1000:5.0f} ms  ratio {row['ratio']:5.1%}  causes {sorted(causes)}"
     )
@@ -127,19 +148,45 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="rollouts per (agent, concurrency)")
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
+    parser.add_argument("--engines", nargs="+", type=int, default=[1],
+                        help="engine counts behind the proxy, e.g. 1 2 (the scaling ratio is "
+                             "against 1, which is run first when absent)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="batches per engine count, interleaved 1, 2, 1, 2, ...; the ratio "
+                             "is of the medians")
     args = parser.parse_args()
+    counts = sorted(set(args.engines) | ({1} if len(set(args.engines)) > 1 else set()))
     logging.basicConfig(level=logging.WARNING)
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    with FakeEngine(token_delay_s=args.token_delay_ms / 1000) as engine:
-        rows = {
-            (a, c): run(a, engine.url, args.n, c, args.max_steps)
-            for a in args.agents
-            for c in args.concurrency
-        }
+    fakes = [FakeEngine(token_delay_s=args.token_delay_ms / 1000).start()
+             for _ in range(max(counts))]
+    rows: dict[tuple[str, int, int], dict[str, float]] = {}
+    try:
+        for a in args.agents:
+            for c in args.concurrency:
+                rates: dict[int, list[float]] = {k: [] for k in counts}
+                for _ in range(args.repeats):  # interleaved: a shared machine's load drifts
+                    for k in counts:
+                        before = [f.calls for f in fakes]
+                        label = f" engines={k}" if len(counts) > 1 else ""
+                        rows[(a, c, k)] = run(a, ",".join(f.url for f in fakes[:k]), args.n, c,
+                                              args.max_steps, label)
+                        rates[k].append(rows[(a, c, k)]["per_min"])
+                        if k > 1:
+                            split = [f.calls - b for f, b in zip(fakes[:k], before, strict=True)]
+                            print(f"{'':24s}      engine calls split {split}")
+                for k in counts[1:]:
+                    ratio = statistics.median(rates[k]) / statistics.median(rates[1])
+                    print(f"{a} c={c}: {k} engines {statistics.median(rates[k]):.1f} rollouts/min "
+                          f"against 1 engine {statistics.median(rates[1]):.1f} (medians of "
+                          f"{args.repeats}): {ratio:.2f}x")
+    finally:
+        for fake in fakes:
+            fake.stop()
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     top = max(args.concurrency)
     for agent in args.agents:
-        row = rows[(agent, top)]
+        row = rows[(agent, top, counts[0])]
         verdict = "meets" if row["ratio"] < 0.20 else "misses"
         print(
             f"{agent}: harness overhead {row['ratio']:.1%} of rollout wall time at c={top} "
