@@ -5,7 +5,8 @@ The fakes (trainer.weight_sync.fake_engine) receive the tensors for real over gl
 attacks one property: every engine gets the same bytes and version; the version is told only
 after the slowest engine finished; one engine's failed push retires it (and only it) and is named
 to the proxy, which takes it out before stamping; a push that fails everywhere stops the run
-and stamps nothing; `harness.train`'s wiring with two engines moves the real proxy's stamp.
+and stamps nothing; `harness.train`'s wiring with two engines moves the real proxy's stamp;
+the retirement reaches a rollout service's proxy through the ServicePool.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import torch
 
 from capture.client import CaptureClient
 from capture.server import CaptureServer
+from harness.client.service_pool import ServicePool
 from harness.train import weight_links
+from tests.helpers.service import start_service
 from trainer.config import AsyncGRPOConfig
 from trainer.fakes import ReplaySource, synthetic_trace
 from trainer.grpo import HarnessAsyncGRPOTrainer
@@ -175,3 +178,21 @@ def test_train_with_two_engines_moves_the_proxy_stamp_and_retires_a_failed_engin
         assert fakes[0].weight_version == "2"
         described = {e["url"]: e["out"] for e in proxy.state.engines.describe()}
         assert described[fakes[0].url] is None and described[fakes[1].url].startswith("retired")
+
+
+def test_a_retired_engine_reaches_a_rollout_services_proxy_through_the_service_pool(
+        tmp_path, fakes):
+    # The path harness.train takes: FanOutWeightSync -> ServicePool -> POST /v1/weight_version
+    # on the service -> its capture proxy, which takes the engine out and then stamps.
+    key = "fanout-test-key"
+    service = start_service(",".join(f.url for f in fakes), tmp_path / "s", tasks="bundled",
+                            key=key)
+    pool = ServicePool([service.url], key)
+    try:
+        pool.set_weight_version(3, retired=[fakes[1].url])
+        metrics = pool.client.get(f"{service.url}/metrics").json()
+    finally:
+        service.stop()
+        pool.close()
+    assert metrics["weight_version"] == 3
+    assert [e["out"] is None for e in metrics["engines"]] == [True, False]

@@ -287,4 +287,6 @@ class RolloutService:
             "rollout_s_mean": sum(recent) / len(recent) if recent else None,
             "factories": len(self.factories),
             "weight_version": self.proxy.state.weight_version,  # what its proxy stamps on calls
+            # its proxy's engines: URL, sessions pinned, why out (None: live; capture.engines)
+            "engines": self.proxy.state.engines.describe(),
         }
