@@ -300,7 +300,7 @@ async def test_a_model_call_the_fast_dispatch_declines_is_served_by_the_route_ta
         assert reply.json()["choices"][0]["message"]["role"] == "assistant"
         assert app.state.capture.store.get(created["session_id"]).n_calls == 1
         assert (await http.get(route, headers=key)).status_code == 405
-    await app.state.capture.engine.aclose()
+    await app.state.capture.engines.aclose()
 
 
 async def test_many_sessions_at_once_streamed_and_not_lose_no_call(client, fake):
