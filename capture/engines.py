@@ -163,6 +163,8 @@ class EnginePool:
             await member.client.aclose()
 
     def _on_failure(self, client: EngineClient, error: UpstreamError) -> None:
+        if any(m.client is client and m.out is not None for m in self.members):
+            return  # already out (a retired engine's cut calls land here): nothing to probe
         if isinstance(error, EngineUnreachable):
             self.mark_out(client.engine_url, f"refused a connection ({error.message[:200]})")
         elif isinstance(error, EngineDisconnected | EngineTimeout):
