@@ -134,7 +134,9 @@ async def agent_call_asgi(state: CaptureState, scope: dict[str, Any], receive: A
 async def _agent_call(state: CaptureState, session: Session, headers: Headers, receive: Any,
                       dialect: Dialect) -> Response:
     """`session`: admitted from the head by capture.guard."""
+    # the version and the model serving it, read together (LoRA: the adapter of that version)
     started, weight_version = time.perf_counter(), state.weight_version
+    engine_model = state.engine_model
     early: EarlyCall | None = None
     try:
         raw = await _read_raw(headers, receive)
@@ -157,7 +159,7 @@ async def _agent_call(state: CaptureState, session: Session, headers: Headers, r
         return error_response(exc, dialect)
     try:
         return await _forward(state, session, dialect, raw, body, chat, early,
-                              (started, weight_version))
+                              (started, weight_version, engine_model))
     finally:
         if early is not None:
             early.cancel()  # not taken (the full path wrote another body, or failed first)
@@ -184,13 +186,14 @@ class _CallInfo:
     as the call starts; the rest is derived from the request when the call is recorded, after the
     agent has its answer, so none of it is on the path the agent waits on."""
 
-    __slots__ = ("body", "chat", "dialect", "dropped", "enforced", "started",
+    __slots__ = ("body", "chat", "dialect", "dropped", "engine_model", "enforced", "started",
                  "weight_version_start")
 
     def __init__(self, dialect: Dialect, body: dict[str, Any], chat: dict[str, Any],
-                 enforced: dict[str, Any], start: tuple[float, int], dropped: list[str]) -> None:
+                 enforced: dict[str, Any], start: tuple[float, int, str | None],
+                 dropped: list[str]) -> None:
         self.dialect, self.body, self.chat, self.enforced = dialect, body, chat, enforced
-        self.started, self.weight_version_start = start
+        self.started, self.weight_version_start, self.engine_model = start
         self.dropped = dropped
 
     def build(self, state: CaptureState) -> dict[str, Any]:
@@ -211,6 +214,8 @@ class _CallInfo:
             "sampling": enforced,
             "dropped_fields": self.dropped,
             "weight_version_start": self.weight_version_start,
+            # LoRA: the adapter that sampled every token of this call (None: the served model)
+            "engine_model": self.engine_model,
             "request": {"tools": names, "tool_choice": chat.get("tool_choice")},
             "_messages": messages,
             "weight_version_end": state.weight_version,
@@ -220,8 +225,9 @@ class _CallInfo:
 
 async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw: bytes,
                    body: dict[str, Any], chat: dict[str, Any], early: EarlyCall | None,
-                   start: tuple[float, int]) -> Response:
-    """`start`: the clock and the engine's weight version when the call arrived."""
+                   start: tuple[float, int, str | None]) -> Response:
+    """`start`: the clock, the engine's weight version and the model serving it (a LoRA
+    adapter, or None for the engine's own) when the call arrived."""
     try:
         dropped = restrict(chat)  # capture.allowlist: only the trainer's policy reaches the engine
         if chat.get("tools"):  # a step of the agent's own (capture.sessions.take_step)
@@ -235,7 +241,9 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
     stream = bool(chat.get("stream"))
     info = _CallInfo(dialect, body, chat, enforced, start, dropped)
     try:
-        chat["model"] = await state.engine.served_model()
+        # Set here, never by the agent: a LoRA run's adapter of the call's version, else the
+        # engine's one served model.
+        chat["model"] = start[2] or await state.engine.served_model()
     except UpstreamError as exc:  # the engine is down: a failed call, counted for the rollout
         call_id = session.next_call_id()
         session.in_flight += 1

@@ -10,7 +10,6 @@ tests/test_trainer_isolation.py (which also watches its imports): one engine sta
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

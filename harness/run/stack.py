@@ -105,7 +105,11 @@ class RunStack:
         if not self.weight_transfer:
             self.backend_reason = "weight sync off (--no-weight-sync)"
             return
-        if gpu_available():
+        if self.settings.lora_rank > 0:
+            self.weight_backend = "lora"
+            self.backend_reason = (f"LoRA rank {self.settings.lora_rank}: adapters through "
+                                   "vLLM's /v1/load_lora_adapter, one name per version")
+        elif gpu_available():
             self.weight_backend, self.backend_reason = "nccl", "a GPU is visible: vLLM's NCCL engine"
         else:
             self.weight_backend = "harness_gloo"
@@ -143,7 +147,10 @@ class RunStack:
         engine_url = self.engine_url
         if engine_url is None:
             self.engine = Engine(self.model_path, port=s.engine_port, served_model_name=s.served_model_name,
-                                 weight_transfer_backend=self.weight_backend,
+                                 # LoRA pushes need no weight-transfer engine in vLLM
+                                 weight_transfer_backend=(None if self.weight_backend == "lora"
+                                                          else self.weight_backend),
+                                 lora_rank=s.lora_rank,
                                  log_path=self.run_dir / "logs" / "vllm.log")
             engine_url = self.engine.url  # its port is chosen before it starts
         # The local service needs only the engine's URL to start: it starts while vLLM loads.
