@@ -110,7 +110,7 @@ def test_a_checkpoint_holds_the_adapters_and_their_optimizer_state_and_resumes(t
 
 
 def test_the_export_is_an_adapter_that_merges_into_the_same_model(tmp_path):
-    from trainer.lora import is_adapter_dir, merge_adapter_dir
+    from launchers.adapters import is_adapter_dir, merge_adapter_dir
 
     base_dir = tmp_path / "base"
     seeded_tiny_model().save_pretrained(base_dir)

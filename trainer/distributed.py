@@ -163,7 +163,9 @@ def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype | None = None
     if compute_dtype is not None and compute_dtype != param_dtype:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype,
                                                    reduce_dtype=torch.float32)
-    layers = getattr(getattr(model, "model", model), "layers", None)
+    # a peft model (LoRA) wraps the HF model twice: shard the same decoder layers inside it
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(getattr(inner, "model", inner), "layers", None)
     for layer in layers or ():
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

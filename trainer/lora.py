@@ -19,7 +19,8 @@ Names: peft keeps the base's module names under `base_model.model.` and moves ea
 layer's weight to `.base_layer.`; an adapter file (`save_adapter`) is what `PeftModel.save_pretrained`
 writes: adapter_config.json + adapter_model.safetensors, the names without the adapter name
 ("default"), which is the layout vLLM's `/v1/load_lora_adapter` and `PeftModel.from_pretrained`
-both read. `merge_adapter_dir` folds an adapter folder into an HF model (export, harness.eval).
+both read. `launchers.adapters.merge_adapter_dir` folds an adapter folder into an HF model
+(`python -m trainer.lora ADAPTER OUT`, and harness.eval/train given an adapter as --model).
 
 Not covered: the meta-device sharded load of issue 30 (trainer/model_init.py). Under torchrun each
 rank loads the base whole in the compute dtype on its CPU before sharding; that is 2 bytes a
@@ -30,7 +31,6 @@ adapters off (`disable_adapter()`), no second copy.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from launchers.adapters import ADAPTER_CONFIG, is_adapter_dir, merge_adapter_dir
 from trainer.distributed import DistInfo, shard_model
 
 __all__ = [
@@ -52,8 +53,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-ADAPTER_CONFIG = "adapter_config.json"  # what marks a folder as a peft adapter
 
 
 def lora_config(args: Any) -> Any:
@@ -133,43 +132,6 @@ def save_adapter(model: Any, tensors: dict[str, torch.Tensor], directory: str | 
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target
-
-
-def is_adapter_dir(path: str | Path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def adapter_base(path: str | Path) -> str:
-    """The base model an adapter folder names (`base_model_name_or_path`)."""
-    config = json.loads((Path(path) / ADAPTER_CONFIG).read_text())
-    base = config.get("base_model_name_or_path")
-    if not base:
-        raise ValueError(f"{path}/{ADAPTER_CONFIG} names no base_model_name_or_path: pass the "
-                         "base model explicitly")
-    return str(base)
-
-
-def merge_adapter_dir(adapter: str | Path, output: str | Path, base: str | Path | None = None,
-                      dtype: torch.dtype = torch.float32) -> Path:
-    """Fold an adapter folder into its base and write an HF model (config, safetensors,
-    tokenizer) to `output`: what `vllm serve` and `from_pretrained` load with no peft at all.
-
-    `base`: the base model (default: the adapter's `base_model_name_or_path`)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    base = str(base) if base is not None else adapter_base(adapter)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
-    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    out = Path(output)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(str(tmp))
-    tokenizer_from = adapter if (Path(adapter) / "tokenizer_config.json").is_file() else base
-    AutoTokenizer.from_pretrained(str(tokenizer_from)).save_pretrained(str(tmp))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
