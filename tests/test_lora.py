@@ -130,3 +130,36 @@ def test_the_export_is_an_adapter_that_merges_into_the_same_model(tmp_path):
         base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)(ids).logits
     assert (got - want).abs().max() < 1e-4
     assert (want - base).abs().max() > 1e-3  # the trained adapter is not a no-op
+
+
+
+def test_a_run_given_an_adapter_folder_as_model_serves_it_merged_into_its_base(
+        tmp_path, tiny_model_path):
+    """harness.eval/train --model <a LoRA run's trainer/model>: merged once into the run folder
+    (harness.run.stack), then served like any HF model; preflight accepts the folder."""
+    from transformers import AutoModelForCausalLM
+
+    from harness.run.preflight import _check_model
+    from harness.run.stack import RunStack
+    from harness.shared.run_config import RunSettings
+
+    args = AsyncGRPOConfig(num_generations=4, max_steps=1, learning_rate=1e-2, lora_rank=8,
+                           max_tokens_per_microbatch=64, output_dir=str(tmp_path / "out"),
+                           report_to="none")
+    trainer = HarnessAsyncGRPOTrainer(str(tiny_model_path), lambda sampling: replay_source(),
+                                      args)
+    trainer.train()
+    adapter = Path(args.output_dir) / "model"
+    assert (adapter / "tokenizer_config.json").is_file()  # the export carries the tokenizer
+    settings = RunSettings(model=str(adapter), tasks="family:train")
+    assert _check_model(settings) == []
+    stack = RunStack(settings, tmp_path / "run", weight_transfer=False)
+    stack.resolve_model()
+    assert stack.model_path.parent == tmp_path / "run"  # merged into the run folder
+    merged = AutoModelForCausalLM.from_pretrained(stack.model_path, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    ids = torch.tensor([[5, 17, 300, 42, 9, 250]])
+    with torch.no_grad():
+        want = trainer.model(ids).logits
+        assert (merged(ids).logits - want).abs().max() < 1e-4
+        assert (base(ids).logits - want).abs().max() > 1e-3
