@@ -137,6 +137,12 @@ class LoRAWeightSync:
                 f"LoRA push of version {version}: {exc}; the engine still serves version "
                 f"{self.version}", stage="load_lora_adapter", engine_resumed=True,
                 weights_intact=True) from exc
+        if response.status_code == 400 and "already been loaded" in response.text:
+            # A resume against an engine that still holds this version's name (the run was
+            # restarted, the engine was not): the same version's weights, so reload in place.
+            response = self.client.lora_request(
+                "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder.resolve()),
+                                          "load_inplace": True})
         if response.status_code == 404:
             raise WeightSyncSetupError(
                 f"{self.engine_url}/v1/load_lora_adapter: 404 Not Found; {_LORA_FIX}")
