@@ -35,7 +35,7 @@ class RecordingSync:
 sync = RecordingSync()
 args = AsyncGRPOConfig(num_generations=4, groups_per_step=2, max_steps=2, learning_rate=1e-2,
                        max_tokens_per_microbatch=64, output_dir={out!r}, report_to="none",
-                       dist_timeout_s=120, lora_rank=8)
+                       dist_timeout_s=120, lora_rank=8, dtype={dtype!r})
 trainer = HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: replay_source(), args,
                                   weight_sync=sync)
 frozen_before = {{n: p.to_local().clone() if hasattr(p, "to_local") else p.detach().clone()
@@ -47,6 +47,8 @@ frozen_moved = [n for n, p in trainer.model.named_parameters() if not p.requires
 rank = dist.get_rank() if dist.is_initialized() else 0
 if rank == 0:
     torch.save({{"pushed": sync.pushed, "frozen_moved": frozen_moved,
+                "dtypes": sorted({{str(p.dtype) + ("/train" if p.requires_grad else "/frozen")
+                                  for p in trainer.model.parameters()}}),
                 "sharded": sum(hasattr(p, "to_local") for p in trainer.model.parameters()),
                 "units": sum(type(m).__name__.startswith("FSDP") for m in trainer.model.modules())}},
                {out!r} + "/pushed.pt")
@@ -57,11 +59,12 @@ if dist.is_initialized():
 """
 
 
-def _run(tmp_path: Path, nproc: int, timeout: float = 500) -> tuple[list[dict], dict, Path]:
-    out = tmp_path / f"n{nproc}"
+def _run(tmp_path: Path, nproc: int, dtype: str = "float32",
+         timeout: float = 500) -> tuple[list[dict], dict, Path]:
+    out = tmp_path / f"n{nproc}-{dtype}"
     out.mkdir()
     script = out / "train.py"
-    script.write_text(SCRIPT.format(repo=str(REPO), out=str(out)))
+    script.write_text(SCRIPT.format(repo=str(REPO), out=str(out), dtype=dtype))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, str(script)] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
@@ -100,3 +103,17 @@ def test_two_fsdp_ranks_train_lora_adapters_like_one_process_and_push_them_alone
     # the export after the last step: the gathered adapters as a peft folder, on rank 0
     assert (out / "model" / "adapter_config.json").is_file()
     assert (out / "model" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_bf16_lora_under_fsdp2_keeps_a_bf16_frozen_base_beside_fp32_adapters(tmp_path):
+    # FSDP2 wants one dtype among a unit's TRAINABLE parameters only; the frozen bf16 base and
+    # the fp32 adapters share each decoder layer's unit (trainer/lora.py)
+    one_hist, one, _ = _run(tmp_path, 1, "bfloat16")  # autocast on one process
+    two_hist, two, _ = _run(tmp_path, 2, "bfloat16")  # MixedPrecisionPolicy(bf16, reduce fp32)
+    assert one["dtypes"] == two["dtypes"] == ["torch.bfloat16/frozen", "torch.float32/train"]
+    assert {t.dtype for t in two["pushed"][2].values()} == {torch.bfloat16}  # cast for the engine
+    # two ways of computing in bf16 (op-level autocast, module-level FSDP casts): close losses
+    assert [h["loss"] for h in two_hist] == pytest.approx([h["loss"] for h in one_hist],
+                                                          abs=2e-2)
+    assert one["frozen_moved"] == two["frozen_moved"] == []
