@@ -268,10 +268,11 @@ def _help(name: str) -> str:
                                     "$HARNESS_SERVICE_KEY)",
         "lora_rank": "train LoRA adapters of this rank on a frozen base (peft) and push them "
                      "hot into vLLM as a new adapter per version; 0: full fine-tuning",
-        "lora_alpha": "LoRA alpha (default: 2 x --lora-rank)",
+        "lora_alpha": "LoRA alpha; None (unset): 2 x --lora-rank",
         "lora_dropout": "LoRA dropout on the adapters' input, in [0, 1)",
-        "lora_target_modules": "comma-separated module names that get adapters (default: "
-                               "every attention and MLP projection of Qwen/Llama-family models)",
+        "lora_target_modules": "comma-separated module names that get adapters; the default "
+                               "is every attention and MLP projection of Qwen/Llama-family "
+                               "models",
     }[name]
 
 
