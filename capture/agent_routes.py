@@ -170,6 +170,8 @@ def _send_early(state: CaptureState, session: Session, dialect: Dialect, raw: by
     """The engine request of a call that extends one of the session's last chat calls, sent now,
     before the full translation (capture.early); None for any other call."""
     translate = dialect.message_translator()
+    if state.engine_model != session.early.model:
+        return None  # a LoRA push named another adapter: the remembered bodies name the old one
     # The seed of the number this call takes if no other call of the session comes first.
     ahead = session.early.body_for(raw, translate, session.policy.seed_for(session.n_calls + 1)
                                    ) if translate is not None else None
@@ -259,7 +261,8 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
     recorder = CallRecorder()
     engine_body = session.engine_bodies.encode(chat)
     if dialect.message_translator() is not None:
-        session.early.remember(raw, session.reader.growing(raw), engine_body, stream)
+        session.early.remember(raw, session.reader.growing(raw), engine_body, stream,
+                               info.engine_model)
     sent = _take_early(session, early, engine_body, stream)
     if not stream:
         try:
