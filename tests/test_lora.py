@@ -163,3 +163,10 @@ def test_a_run_given_an_adapter_folder_as_model_serves_it_merged_into_its_base(
         want = trainer.model(ids).logits
         assert (merged(ids).logits - want).abs().max() < 1e-4
         assert (base(ids).logits - want).abs().max() > 1e-3
+    # the same merge by hand: python -m trainer.lora ADAPTER OUT (base from adapter_config.json)
+    from trainer.lora import main
+
+    assert main([str(adapter), str(tmp_path / "by-hand")]) == 0
+    by_hand = AutoModelForCausalLM.from_pretrained(tmp_path / "by-hand", dtype=torch.float32)
+    with torch.no_grad():
+        assert (by_hand(ids).logits - want).abs().max() < 1e-4
