@@ -17,7 +17,8 @@ listener on 127.0.0.1; both checked by capture.guard before the route runs):
                                            capture.sessions.failure_kind), dropped_fields
                                            {field: calls} (capture.allowlist)
     DELETE /admin/sessions/{id}            forget it (and its on-disk log)
-    POST   /admin/weight_version           {"version": int}: the engine's weights changed
+    POST   /admin/weight_version           {"version": int, "model": str|null}: the engine's
+                                           weights changed (model: the LoRA adapter serving it)
     GET    /admin/weight_version
     GET    /admin/agent_url                {"url"}: the agent listener, for a local sandbox's
                                            forward (never the admin listener)
@@ -191,12 +192,17 @@ async def weight_version(request: Request) -> Response:
         if request.method == "POST":
             body = await _json_body(request)
             version = body.get("version")
+            model = body.get("model")
             if isinstance(version, bool) or not isinstance(version, int):
-                raise BadRequest('send {"version": <int>}')
-            state.weight_version = version
+                raise BadRequest('send {"version": <int>, "model": <str or null>}')
+            if model is not None and (not isinstance(model, str) or not model):
+                raise BadRequest('"model" must be the engine model name serving this version '
+                                 "(a LoRA adapter's name), or null for the engine's own")
+            # both in one step of the event loop: a call reads them together (CaptureState)
+            state.weight_version, state.engine_model = version, model
     except CaptureError as exc:
         return error_response(exc)
-    return JSONResponse({"version": state.weight_version})
+    return JSONResponse({"version": state.weight_version, "model": state.engine_model})
 
 
 async def health(request: Request) -> Response:

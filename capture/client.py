@@ -154,8 +154,11 @@ class CaptureClient:
     def delete_session(self, session_id: str) -> None:
         _raise_for(self._http.delete(f"/admin/sessions/{session_id}"), session_id)
 
-    def set_weight_version(self, version: int) -> None:
-        _raise_for(self._http.post("/admin/weight_version", json={"version": version}))
+    def set_weight_version(self, version: int, model: str | None = None) -> None:
+        """`model`: the engine model name that serves `version` (a LoRA adapter); None: the
+        engine's own served model."""
+        _raise_for(self._http.post("/admin/weight_version",
+                                   json={"version": version, "model": model}))
 
 
 class AsyncCaptureClient:
@@ -207,5 +210,6 @@ class AsyncCaptureClient:
     async def delete_session(self, session_id: str) -> None:
         _raise_for(await self._http.delete(f"/admin/sessions/{session_id}"), session_id)
 
-    async def set_weight_version(self, version: int) -> None:
-        _raise_for(await self._http.post("/admin/weight_version", json={"version": version}))
+    async def set_weight_version(self, version: int, model: str | None = None) -> None:
+        _raise_for(await self._http.post("/admin/weight_version",
+                                         json={"version": version, "model": model}))

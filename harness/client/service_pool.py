@@ -68,6 +68,7 @@ class ServicePool:
         # The engine's weight version as last told: sent with every new rollout and session too,
         # so a service that missed an update (down, restarted) stamps the right version anyway.
         self.weight_version: int | None = None
+        self.weight_model: str | None = None  # the LoRA adapter serving it (None: the base)
 
     def aclient(self) -> httpx.AsyncClient:
         return self._async.get()
@@ -107,13 +108,15 @@ class ServicePool:
                     service.url, type(exc).__name__, exc, self.down_s)
         service.down_until = time.monotonic() + self.down_s
 
-    def set_weight_version(self, version: int) -> None:
+    def set_weight_version(self, version: int, model: str | None = None) -> None:
         """Tell every service's capture proxy the engine's weights changed (a dead one: logged;
-        it hears the version with its next rollout)."""
-        self.weight_version = version
+        it hears the version with its next rollout). `model`: the engine model name serving
+        `version` when it is a LoRA adapter (trainer/weight_sync/lora.py); None: the base."""
+        self.weight_version, self.weight_model = version, model
         for s in self.services:
             try:
-                r = self._sync.post(f"{s.url}/v1/weight_version", json={"version": version},
+                r = self._sync.post(f"{s.url}/v1/weight_version",
+                                    json={"version": version, "model": model},
                                     timeout=httpx.Timeout(10.0, connect=2.0))
                 r.raise_for_status()
             except httpx.HTTPError as exc:

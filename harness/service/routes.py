@@ -69,10 +69,14 @@ async def metrics(request: Request, s: RolloutService, body: dict) -> Response:
 
 async def weight_version(request: Request, s: RolloutService, body: dict) -> Response:
     version = body.get("version")
+    model = body.get("model")
     if isinstance(version, bool) or not isinstance(version, int):
-        raise BadRequest('send {"version": <int>}')
-    await s.set_weight_version(version)
-    return JSONResponse({"version": version})
+        raise BadRequest('send {"version": <int>, "model": <str or null>}')
+    if model is not None and (not isinstance(model, str) or not model):
+        raise BadRequest('"model": the engine model name serving this version (a LoRA '
+                         "adapter), or null")
+    await s.set_weight_version(version, model)
+    return JSONResponse({"version": version, "model": model})
 
 
 def _wait_s(value: Any) -> float:
