@@ -125,7 +125,9 @@ async def agent_call_asgi(state: CaptureState, scope: dict[str, Any], receive: A
 async def _agent_call(state: CaptureState, session: Session, headers: Headers, receive: Any,
                       dialect: Dialect) -> Response:
     """`session`: admitted from the head by capture.guard."""
+    # the version and the model serving it, read together (LoRA: the adapter of that version)
     started, weight_version = time.perf_counter(), state.weight_version
+    engine_model = state.engine_model
     early: EarlyCall | None = None
     try:
         raw = await _read_raw(headers, receive)
@@ -148,7 +150,7 @@ async def _agent_call(state: CaptureState, session: Session, headers: Headers, r
         return error_response(exc, dialect)
     try:
         return await _forward(state, session, dialect, raw, body, chat, early,
-                              (started, weight_version))
+                              (started, weight_version, engine_model))
     finally:
         if early is not None:
             early.cancel()  # not taken (the full path wrote another body, or failed first)
@@ -159,6 +161,8 @@ def _send_early(state: CaptureState, session: Session, dialect: Dialect, raw: by
     """The engine request of a call that extends one of the session's last chat calls, sent now,
     before the full translation (capture.early); None for any other call."""
     translate = dialect.message_translator()
+    if state.engine_model != session.early.model:
+        return None  # a LoRA push named another adapter: the remembered bodies name the old one
     # The seed of the number this call takes if no other call of the session comes first.
     ahead = session.early.body_for(raw, translate, session.policy.seed_for(session.n_calls + 1)
                                    ) if translate is not None else None
@@ -175,8 +179,9 @@ def _send_early(state: CaptureState, session: Session, dialect: Dialect, raw: by
 
 async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw: bytes,
                    body: dict[str, Any], chat: dict[str, Any], early: EarlyCall | None,
-                   start: tuple[float, int]) -> Response:
-    """`start`: the clock and the engine's weight version when the call arrived."""
+                   start: tuple[float, int, str | None]) -> Response:
+    """`start`: the clock, the engine's weight version and the model serving it (a LoRA
+    adapter, or None for the engine's own) when the call arrived."""
     try:
         dropped = restrict(chat)  # capture.allowlist: only the trainer's policy reaches the engine
         if chat.get("tools"):  # a step of the agent's own (capture.sessions.take_step)
@@ -190,9 +195,11 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
     stream = bool(chat.get("stream"))
     info = CallInfo(dialect, body, chat, enforced, start, dropped)
     try:
-        # The session's engine (capture.engines: the same one for all its calls).
+        # The session's engine (capture.engines: the same one for all its calls). The model is
+        # set here, never by the agent: a LoRA run's adapter of the call's version, else the
+        # engine's one served model.
         engine = state.engines.engine_for(session.session_id)
-        chat["model"] = await engine.served_model()
+        chat["model"] = start[2] or await engine.served_model()
     except UpstreamError as exc:  # the engine is down: a failed call, counted for the rollout
         call_id = session.next_call_id()
         session.in_flight += 1
@@ -208,7 +215,8 @@ async def _forward(state: CaptureState, session: Session, dialect: Dialect, raw:
     recorder = CallRecorder()
     engine_body = session.engine_bodies.encode(chat)
     if dialect.message_translator() is not None:
-        session.early.remember(raw, session.reader.growing(raw), engine_body, stream)
+        session.early.remember(raw, session.reader.growing(raw), engine_body, stream,
+                               info.engine_model)
     sent = _take_early(session, early, engine_body, stream)
     if not stream:
         try:

@@ -17,10 +17,12 @@ listener on 127.0.0.1; both checked by capture.guard before the route runs):
                                            capture.sessions.failure_kind), dropped_fields
                                            {field: calls} (capture.allowlist)
     DELETE /admin/sessions/{id}            forget it (and its on-disk log)
-    POST   /admin/weight_version           {"version": int, "retired"?: [engine URL]}: the engines'
-                                           weights changed; the retired ones (the push to them
-                                           failed) are taken out first (capture.engines)
-    GET    /admin/weight_version           {version, engines: [{url, sessions, out}]}
+    POST   /admin/weight_version           {"version": int, "model"?: str|null, "retired"?:
+                                           [engine URL]}: the engines' weights changed (model:
+                                           the LoRA adapter serving it); the retired engines (the
+                                           push to them failed) are taken out first
+                                           (capture.engines)
+    GET    /admin/weight_version           {version, model, engines: [{url, sessions, out}]}
     GET    /admin/agent_url                {"url"}: the agent listener, for a local sandbox's
                                            forward (never the admin listener)
     GET    /health                         no key; liveness and how many engines are live,
@@ -195,8 +197,12 @@ async def weight_version(request: Request) -> Response:
         if request.method == "POST":
             body = await _json_body(request)
             version = body.get("version")
+            model = body.get("model")
             if isinstance(version, bool) or not isinstance(version, int):
-                raise BadRequest('send {"version": <int>}')
+                raise BadRequest('send {"version": <int>, "model": <str or null>}')
+            if model is not None and (not isinstance(model, str) or not model):
+                raise BadRequest('"model" must be the engine model name serving this version '
+                                 "(a LoRA adapter's name), or null for the engine's own")
             retired = body.get("retired") or []
             if not isinstance(retired, list) or not all(isinstance(u, str) for u in retired):
                 raise BadRequest('"retired" must be a list of engine URLs')
@@ -206,10 +212,12 @@ async def weight_version(request: Request) -> Response:
                     await state.engines.retire(url)
                 except ValueError as exc:
                     raise BadRequest(str(exc)) from exc
-            state.weight_version = version
+            # both in one step of the event loop: a call reads them together (CaptureState)
+            state.weight_version, state.engine_model = version, model
     except CaptureError as exc:
         return error_response(exc)
-    return JSONResponse({"version": state.weight_version, "engines": state.engines.describe()})
+    return JSONResponse({"version": state.weight_version, "model": state.engine_model,
+                         "engines": state.engines.describe()})
 
 
 async def health(request: Request) -> Response:

@@ -75,8 +75,10 @@ class _Calls:
     """Request shapes shared by both clients (no I/O here)."""
 
     @staticmethod
-    def version_body(version: int, retired: list[str] | None) -> dict[str, Any]:
-        return {"version": version, **({"retired": list(retired)} if retired else {})}
+    def version_body(version: int, model: str | None,
+                     retired: list[str] | None) -> dict[str, Any]:
+        return {"version": version, "model": model,
+                **({"retired": list(retired)} if retired else {})}
 
     @staticmethod
     def create_body(sampling: dict[str, Any] | None, metadata: dict[str, Any] | None,
@@ -158,10 +160,13 @@ class CaptureClient:
     def delete_session(self, session_id: str) -> None:
         _raise_for(self._http.delete(f"/admin/sessions/{session_id}"), session_id)
 
-    def set_weight_version(self, version: int, retired: list[str] | None = None) -> None:
-        """`retired`: engines that missed `version` (their push failed), taken out first."""
+    def set_weight_version(self, version: int, model: str | None = None, *,
+                           retired: list[str] | None = None) -> None:
+        """`model`: the engine model name that serves `version` (a LoRA adapter); None: the
+        engines' own served model. `retired`: engines that missed `version` (their push failed),
+        taken out first."""
         _raise_for(self._http.post("/admin/weight_version",
-                                   json=_Calls.version_body(version, retired)))
+                                   json=_Calls.version_body(version, model, retired)))
 
 
 class AsyncCaptureClient:
@@ -213,6 +218,7 @@ class AsyncCaptureClient:
     async def delete_session(self, session_id: str) -> None:
         _raise_for(await self._http.delete(f"/admin/sessions/{session_id}"), session_id)
 
-    async def set_weight_version(self, version: int, retired: list[str] | None = None) -> None:
+    async def set_weight_version(self, version: int, model: str | None = None, *,
+                                 retired: list[str] | None = None) -> None:
         _raise_for(await self._http.post("/admin/weight_version",
-                                         json=_Calls.version_body(version, retired)))
+                                         json=_Calls.version_body(version, model, retired)))

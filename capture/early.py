@@ -64,10 +64,13 @@ class EarlyBodies:
     """Per session: the engine body of a chat call that extends a remembered one, ahead of the
     full translation (`body_for`), and what the full path wrote (`remember`)."""
 
-    __slots__ = ("_sent", "mismatched", "sent")
+    __slots__ = ("_sent", "mismatched", "model", "sent")
 
     def __init__(self) -> None:
         self._sent: list[_Sent] = []
+        # The engine model the remembered bodies name (a LoRA run's adapter, None: the served
+        # one): after a push names another adapter, no remembered body is the call's.
+        self.model: str | None = None
         self.sent = 0  # calls whose engine request left before their full translation
         self.mismatched = 0  # ... and whose full translation then disagreed (sent again)
 
@@ -94,11 +97,14 @@ class EarlyBodies:
         return None
 
     def remember(self, raw: bytes, growing: tuple[str, int, int] | None, engine_body: bytes,
-                 stream: bool) -> None:
+                 stream: bool, model: str | None = None) -> None:
         """What the full path made of a chat request: `growing` is `RequestReader.growing(raw)`.
         Kept only when the request's messages are the list that grows and end the engine body."""
         if growing is None or growing[0] != "messages" or not engine_body.endswith(b"]}"):
             return
+        if model != self.model:  # bodies naming another adapter can never be a call's again
+            self._sent.clear()
+            self.model = model
         _, end, n_messages = growing
         # the same conversation one call further replaces its last call
         self._sent = [s for s in self._sent

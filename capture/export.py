@@ -17,7 +17,8 @@ One turn per retained engine call, in arrival order:
                           agent's dialect (the engine's reply in chat form)
     metadata              dialect, aux, aux_reason, parent_id, weight_version_start/end, latency_s,
                           session_id, finish_reason, sampling, + node_index, stream, usage,
-                          masked_logprobs; `truncated` (the reply hit a token limit) and
+                          masked_logprobs, engine_model (a LoRA run's adapter, else null);
+                          `truncated` (the reply hit a token limit) and
                           `truncated_by` ("proxy_cap": the session's max_tokens cap cut it;
                           "agent_max_tokens": the agent's own limit; "context": the engine's
                           context length); `dropped_fields` (capture.allowlist); `unplaced`
@@ -191,6 +192,8 @@ def iter_turn_parts(plan: ExportPlan) -> Iterator[list[bytes | memoryview]]:
             "parent_id": node.parent_id,
             "weight_version_start": info.get("weight_version_start"),
             "weight_version_end": info.get("weight_version_end"),
+            # LoRA runs: the adapter (of weight_version_start) that sampled every token
+            "engine_model": info.get("engine_model"),
             "latency_s": info.get("latency_s"),
             "finish_reason": info.get("finish_reason"),
             "sampling": info.get("sampling"),

@@ -42,13 +42,14 @@ class CallInfo:
     as the call starts; the rest is derived from the request when the call is recorded, after the
     agent has its answer, so none of it is on the path the agent waits on."""
 
-    __slots__ = ("body", "chat", "dialect", "dropped", "enforced", "started",
+    __slots__ = ("body", "chat", "dialect", "dropped", "engine_model", "enforced", "started",
                  "weight_version_start")
 
     def __init__(self, dialect: Dialect, body: dict[str, Any], chat: dict[str, Any],
-                 enforced: dict[str, Any], start: tuple[float, int], dropped: list[str]) -> None:
+                 enforced: dict[str, Any], start: tuple[float, int, str | None],
+                 dropped: list[str]) -> None:
         self.dialect, self.body, self.chat, self.enforced = dialect, body, chat, enforced
-        self.started, self.weight_version_start = start
+        self.started, self.weight_version_start, self.engine_model = start
         self.dropped = dropped
 
     def build(self, state: CaptureState) -> dict[str, Any]:
@@ -69,6 +70,8 @@ class CallInfo:
             "sampling": enforced,
             "dropped_fields": self.dropped,
             "weight_version_start": self.weight_version_start,
+            # LoRA: the adapter that sampled every token of this call (None: the served model)
+            "engine_model": self.engine_model,
             "request": {"tools": names, "tool_choice": chat.get("tool_choice")},
             "_messages": messages,
             "weight_version_end": state.weight_version,

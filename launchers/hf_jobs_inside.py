@@ -169,6 +169,9 @@ def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url
         if value:
             engine += [flag, value]
     engine += ["--weight-transfer-backend", "nccl" if gpus > 0 else "harness_gloo"]
+    lora_rank = run_setting(train_args, "--lora-rank")
+    if lora_rank and lora_rank != "0":  # adapters pushed at run time (trainer/weight_sync/lora.py)
+        engine += ["--lora-rank", lora_rank]
     # The rollout service: tasks, sandboxes, agents and the capture proxy (its per-call log
     # under the run's output dir, as when harness.train starts it).
     service = [python, "-m", "harness.serve", "--engine-url", engine_url, "--host", "127.0.0.1",

@@ -153,3 +153,26 @@ def test_an_engine_failure_on_a_body_sent_ahead_is_the_agents_error_in_its_diale
     stats = client.stats(info.session_id)
     assert stats["early"]["sent"] == 2 and stats["n_failed"] == 1
     assert stats["failures"][-1]["cause"] == "EngineHTTPError"
+
+
+def test_after_a_lora_push_no_body_naming_the_old_adapter_is_sent_ahead(client, fake):
+    """LoRA runs name the adapter per version (capture.state.engine_model): a body remembered
+    under adapter 1 is never sent ahead once the proxy names adapter 2, so the switch costs no
+    cancelled engine request, and every call after it reaches adapter 2."""
+    from tests.helpers.chat_agent import post
+
+    info = client.create_session(sampling={"temperature": 0.7, "max_tokens": 64})
+    client.set_weight_version(1, "tiny-lora-v1")
+    messages = agent_loop(info, 3)
+    assert client.stats(info.session_id)["early"] == {"sent": 1, "mismatched": 0}
+    client.set_weight_version(2, "tiny-lora-v2")
+    for turn in (3, 4):
+        reply = post(info, messages)
+        assert reply.status_code == 200, reply.text
+        assert fake.requests[-1]["model"] == "tiny-lora-v2"
+        message = reply.json()["choices"][0]["message"]
+        messages = messages + [
+            {k: message[k] for k in ("role", "content", "tool_calls") if k in message},
+            {"role": "tool", "tool_call_id": f"call_{turn}", "content": f"out {turn}"}]
+    # the first call after the switch takes the full path; the next is sent ahead again
+    assert client.stats(info.session_id)["early"] == {"sent": 2, "mismatched": 0}

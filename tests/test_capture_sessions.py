@@ -141,6 +141,32 @@ def test_the_weight_version_at_the_start_and_end_of_a_call_is_recorded(client, f
     assert (metadata["weight_version_start"], metadata["weight_version_end"]) == (3, 4)
 
 
+def test_a_lora_version_sends_the_call_to_its_adapter_read_with_the_version_at_the_start(
+        client, fake):
+    """LoRA runs (trainer/weight_sync/lora.py): the proxy is told (version, adapter name) and
+    names that adapter in the engine request, whatever the agent asked for; a version told
+    mid-call changes neither the adapter the call was sent to nor its start stamp."""
+    info = client.create_session()
+    client.set_weight_version(3, "tiny-lora-v3")
+    fake.token_delay_s = 0.05
+    with httpx.stream("POST", f"{info.base_urls['chat']}/chat/completions", json={
+            "model": "the-agents-choice", "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": f"Bearer {info.secret}"}) as reply:
+        lines = reply.iter_lines()
+        next(lines)
+        client.set_weight_version(4, "tiny-lora-v4")
+        list(lines)
+    assert fake.requests[-1]["model"] == "tiny-lora-v3"
+    metadata = json.loads(client.trace_json(info.session_id))["turns"][0]["metadata"]
+    assert (metadata["weight_version_start"], metadata["engine_model"]) == (3, "tiny-lora-v3")
+    client.set_weight_version(5)  # back to the engine's own model (a full-weight run)
+    chat(info, [{"role": "user", "content": "again"}])
+    assert fake.requests[-1]["model"] != "tiny-lora-v4"
+    with pytest.raises(Exception, match="model"):
+        client.set_weight_version(6, "")
+
+
 def test_an_empty_session_is_not_trainable_and_says_why(client):
     info = client.create_session()
     with pytest.raises(NothingTrainableError) as caught:

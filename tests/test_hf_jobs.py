@@ -306,3 +306,25 @@ def test_the_jobs_bootstrap_unpacks_the_code_and_passes_every_argument_intact(tm
     assert trainer[-len(train_args) - 2:-2] == train_args
     assert trainer[-2] == "--output-dir" and trainer[-1].startswith("runs/")
     assert (work / "launchers" / "hf_jobs.py").exists()  # the writable copy it ran from
+
+
+def test_a_lora_run_starts_its_engine_with_lora_serving_of_the_runs_rank() -> None:
+    from launchers.engine import Engine
+    from launchers.hf_jobs_inside import inside_commands
+
+    cmds = inside_commands(["--harness", "opencode", "--model", "/models/snap", "--lora-rank",
+                            "12"], gpus=2, local=False, public_url="https://j--8100.hf.jobs",
+                           python="/w/.venv/bin/python")
+    assert cmds["engine"][cmds["engine"].index("--lora-rank") + 1] == "12"
+    assert "--lora-rank 12" in " ".join(cmds["trainer"])
+    plain = inside_commands(["--harness", "opencode", "--model", "/models/snap"], gpus=2,
+                            local=False, public_url="https://j--8100.hf.jobs",
+                            python="/w/.venv/bin/python")
+    assert "--lora-rank" not in plain["engine"]
+    # what launchers.engine makes of it: vLLM's rank 16 (it accepts 1, 8, 16, 32, ...), two
+    # adapters per batch (the current version and the one before), the runtime LoRA routes
+    engine = Engine("/models/snap", lora_rank=12)
+    command = " ".join(engine.command(on_gpu=True))
+    assert "--enable-lora --max-lora-rank 16 --max-loras 2" in command
+    assert engine.environment()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    assert "--enable-lora" not in " ".join(Engine("/models/snap").command(on_gpu=True))

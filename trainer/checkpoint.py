@@ -8,7 +8,11 @@
         rng/rank-<r>.pt     each rank's RNG states
     <output_dir>/latest     name of the newest complete checkpoint
     <output_dir>/model/     HF layout (config + safetensors), exported once when training ends:
-                            servable by vLLM, loadable by from_pretrained (`export_model`)
+                            servable by vLLM, loadable by from_pretrained (`export_model`);
+                            a LoRA run's adapter folder instead (`export_adapter`)
+
+LoRA runs (`trainable_only=True`) leave the frozen base out of every checkpoint: the adapters and
+their AdamW state are all that changes (the base is the run's --model, loaded again on resume).
 
 Why sharded: a full checkpoint gathers the fp32 model and both AdamW moments on rank 0's CPU,
 ~48 GB at 4B and ~390 GB at 32B, and resume made every rank load the whole blob. With DCP each
@@ -45,13 +49,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from trainer.checkpoint_prune import prune_checkpoints
 from trainer.distributed import DistInfo, full_state_dict
 from trainer.errors import CheckpointError
 
-__all__ = ["TrainerState", "export_model", "find_latest", "load_checkpoint", "save_checkpoint"]
+__all__ = ["TrainerState", "export_adapter", "export_model", "find_latest", "load_checkpoint", "save_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +116,12 @@ def save_checkpoint(
     state: TrainerState,
     dist_info: DistInfo,
     total_limit: int | None = None,
+    trainable_only: bool = False,
 ) -> Path:
-    """Save a sharded checkpoint (every rank calls this and writes its shards). Returns its path."""
+    """Save a sharded checkpoint (every rank calls this and writes its shards). Returns its path.
+
+    `trainable_only` (LoRA): the frozen base is left out; the checkpoint holds the adapters and
+    their AdamW state (the base is the run's --model, which resume loads again)."""
     root = Path(output_dir)
     name = f"checkpoint-{state.step}"
     final = root / name
@@ -118,7 +130,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier(dist_info)  # the directory exists before any rank writes into it
-    model_sd, optim_sd = get_state_dict(model, optimizer)  # sharded (DTensor) under FSDP2
+    model_sd, optim_sd = _state_dicts(model, optimizer, trainable_only)
     with _single_process_quiet(dist_info):
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp",
                  process_group=_group(dist_info), no_dist=not dist_info.distributed)
@@ -163,6 +175,26 @@ def export_model(output_dir: str | Path, *, model: torch.nn.Module, dist_info: D
     return target if dist_info.is_main else None
 
 
+def export_adapter(output_dir: str | Path, *, model: torch.nn.Module, dist_info: DistInfo,
+                   tokenizer: Any = None) -> Path | None:
+    """A LoRA run's final adapters at <output_dir>/model (adapter_config.json +
+    adapter_model.safetensors + the tokenizer): `PeftModel.from_pretrained`, vLLM's
+    --lora-modules, `harness.eval --model` and `python -m trainer.lora` (merge) all read it.
+    Every rank calls it (the adapters are gathered one at a time); rank 0 writes."""
+    from trainer.lora import save_adapter
+    from trainer.weight_sync.source import FullModelView
+
+    view = FullModelView(model, trainable_only=True)
+    tensors = {n: t.detach().to("cpu", copy=True) for n, t in view.named_parameters()}
+    target = Path(output_dir) / "model"
+    if dist_info.is_main:
+        save_adapter(model, tensors, target)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(target)
+    _barrier(dist_info)
+    return target if dist_info.is_main else None
+
+
 def find_latest(output_dir: str | Path) -> Path | None:
     pointer = Path(output_dir) / "latest"
     if not pointer.exists():
@@ -178,9 +210,10 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     dist_info: DistInfo,
+    trainable_only: bool = False,
 ) -> TrainerState:
     """Restore model, optimizer, scheduler and RNG in place (each rank its shards); return the
-    trainer state. Every rank calls this."""
+    trainer state. Every rank calls this. `trainable_only`: a LoRA checkpoint (adapters only)."""
     path = Path(path)
     if not (path / "trainer_state.pt").exists() or not (path / "dcp" / ".metadata").exists():
         raise CheckpointError(f"{path} is not a complete checkpoint (needs dcp/ and "
@@ -197,17 +230,18 @@ def load_checkpoint(
     metadata = dcp.FileSystemReader(str(path / "dcp")).read_metadata()
     saved = {k.removeprefix("model.") for k in metadata.state_dict_metadata
              if k.startswith("model.")}
-    problem = _key_problem(path, saved, model)
+    options = _options(trainable_only)
+    model_sd, optim_sd = _state_dicts(model, optimizer, trainable_only)
+    problem = _key_problem(path, saved, model, set(model_sd) if trainable_only else None)
     if problem:
         raise CheckpointError(problem)
     _check_world_size(path, blob["world_size"], dist_info)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
     target = {"model": model_sd, "optimizer": optim_sd}
     with _single_process_quiet(dist_info):
         dcp.load(target, checkpoint_id=path / "dcp", process_group=_group(dist_info),
                  no_dist=not dist_info.distributed)
     set_state_dict(model, optimizer, model_state_dict=target["model"],
-                   optim_state_dict=target["optimizer"])
+                   optim_state_dict=target["optimizer"], options=options)
     if scheduler is not None and blob["scheduler"] is not None:
         scheduler.load_state_dict(blob["scheduler"])
     rng = path / "rng" / f"rank-{dist_info.rank}.pt"
@@ -217,8 +251,27 @@ def load_checkpoint(
     return TrainerState(**blob["state"])
 
 
-def _key_problem(path: Path, saved: set[str], model: torch.nn.Module) -> str | None:
-    expected = set(model.state_dict())
+def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 trainable_only: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Model and optimizer state dicts, sharded (DTensor) under FSDP2. `trainable_only`: the
+    trainable parameters' entries alone. torch's ignore_frozen_params drops frozen parameters
+    but keeps a tied alias of one (a LoRA model's lm_head.weight is the frozen embedding under
+    another name), so entries that are no trainable parameter are dropped here too."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    if trainable_only:
+        keep = {n for n, p in model.named_parameters() if p.requires_grad}
+        model_sd = {k: v for k, v in model_sd.items() if k in keep}
+    return model_sd, optim_sd
+
+
+def _options(trainable_only: bool) -> StateDictOptions:
+    # strict=False with trainable_only: the frozen base is absent from the checkpoint on purpose
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _key_problem(path: Path, saved: set[str], model: torch.nn.Module,
+                 expected: set[str] | None = None) -> str | None:
+    expected = set(model.state_dict()) if expected is None else expected
     tied = _tied_names(model)
     missing = sorted(expected - saved - tied)
     unexpected = sorted(saved - expected)

@@ -19,11 +19,15 @@ from typing import Any, Literal
 
 from trainer.errors import ConfigError
 
-__all__ = ["AsyncGRPOConfig", "LOSS_TYPES", "LOSS_NORMS", "REPORT_TO", "STALENESS_RULES"]
+__all__ = ["AsyncGRPOConfig", "LORA_TARGET_MODULES", "LOSS_TYPES", "LOSS_NORMS", "REPORT_TO",
+           "STALENESS_RULES"]
 
 LOSS_TYPES = ("tis_clip", "tis_pg")
 LOSS_NORMS = ("token", "sequence")
 STALENESS_RULES = ("correct", "drop")
+# Every linear projection of a Qwen/Llama-family decoder layer (attention and MLP): LoRA on all of
+# them is the QLoRA paper's finding (attention-only adapters trail full fine-tuning).
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 REPORT_TO = ("none", "jsonl", "trackio", "wandb")
 
 
@@ -97,6 +101,13 @@ class AsyncGRPOConfig:
     # transfer); a hung rank ends the run after it. Checkpoint writes wait on the longer one.
     dist_timeout_s: float = 600.0
     step_wait_timeout_s: float = 6 * 3600.0  # how long ranks > 0 wait for rank 0's next step
+    # --- LoRA (trainer/lora.py) -----------------------------------------------------------------
+    # 0: full fine-tuning. R > 0: peft adapters of rank R train while the base stays frozen in the
+    # compute dtype (no fp32 master copy, no AdamW state for it); pushes send the adapters alone.
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # None: 2 * lora_rank (scale alpha / r = 2)
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = LORA_TARGET_MODULES
     # --- outputs ------------------------------------------------------------------------------
     output_dir: str = "outputs/grpo"
     # --- start-up and checkpoints ---------------------------------------------------------------
@@ -231,8 +242,38 @@ class AsyncGRPOConfig:
             p.append(f"save_total_limit={self.save_total_limit!r}: must be >= 1, or None")
         if not self.output_dir:
             p.append("output_dir is empty: give a directory for checkpoints and metrics")
+        p.extend(self._lora_problems())
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             p.append(f"adam_betas={self.adam_betas!r}: two numbers in [0, 1)")
+        return p
+
+    @property
+    def lora_scale_alpha(self) -> float:
+        """lora_alpha as peft gets it (2 * rank when unset)."""
+        return float(self.lora_alpha) if self.lora_alpha is not None else 2.0 * self.lora_rank
+
+    def _lora_problems(self) -> list[str]:
+        p: list[str] = []
+        r = self.lora_rank
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            return [f"lora_rank={r!r}: must be an integer > 0 (0 or unset: full fine-tuning)"]
+        if r == 0:
+            return p
+        a = self.lora_alpha
+        if a is not None and (isinstance(a, bool) or not isinstance(a, (int, float))
+                              or not (a > 0 and math.isfinite(a))):
+            p.append(f"lora_alpha={a!r}: must be > 0 (unset: 2 * lora_rank = {2 * r})")
+        d = self.lora_dropout
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
+            p.append(f"lora_dropout={d!r}: must be in [0, 1)")
+        t = self.lora_target_modules
+        if isinstance(t, str) or not t or not all(isinstance(m, str) and m for m in t):
+            p.append(f"lora_target_modules={t!r}: give module names, e.g. "
+                     f"{','.join(LORA_TARGET_MODULES)}")
+        if self.beta > 0:
+            # The reference policy would be the base with the adapters off; not built yet.
+            p.append(f"beta={self.beta!r} with lora_rank={r}: the KL reference is not built for "
+                     "LoRA runs yet; set beta=0")
         return p
 
     def check(self) -> None:

@@ -156,11 +156,16 @@ def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype | None = None
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {}
-    param_dtype = next(model.parameters()).dtype
+    # The trainable parameters' dtype: with LoRA the frozen base is already in the compute dtype
+    # while the fp32 adapters must still be gathered in it and reduced in fp32 (trainer/lora.py).
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    param_dtype = (trainable or list(model.parameters()))[0].dtype
     if compute_dtype is not None and compute_dtype != param_dtype:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype,
                                                    reduce_dtype=torch.float32)
-    layers = getattr(getattr(model, "model", model), "layers", None)
+    # a peft model (LoRA) wraps the HF model twice: shard the same decoder layers inside it
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(getattr(inner, "model", inner), "layers", None)
     for layer in layers or ():
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

@@ -16,6 +16,9 @@ temperature + no-op truncation knobs + max_tokens), because the loss scores toke
 that distribution. The order of one step is in trainer/loop.py; this file only sets things up
 and runs the outer loop. Under torchrun, rank 0 runs the rollouts and every rank steps.
 
+LoRA (`lora_rank > 0`, trainer/lora.py): the base is frozen in the compute dtype and the fp32
+adapters are all that AdamW, checkpoints, pushes (trainer/weight_sync/lora.py) and the export hold.
+
 Numerics: parameters and AdamW state are fp32 whatever `dtype` says; `dtype` is the compute
 dtype (bf16 on CUDA by default). One process computes under autocast; FSDP2 gets a
 MixedPrecisionPolicy (param bf16, reduce fp32). Either way each update lands on fp32 master
@@ -47,6 +50,7 @@ import torch
 
 from trainer.checkpoint import (
     TrainerState,
+    export_adapter,
     export_model,
     find_latest,
     load_checkpoint,
@@ -153,12 +157,24 @@ class HarnessAsyncGRPOTrainer:
         self.ref_model = None
         if args.beta > 0:  # the initial policy, frozen: it never steps, so no master copy
             self.ref_model = build_reference(model, self.dist, self.compute_dtype)
-        self.model = build_model(model, self.dist, self.compute_dtype)
+        if args.lora_rank > 0:
+            # LoRA (trainer/lora.py): the base frozen in the compute dtype, fp32 adapters only
+            from trainer.lora import build_lora_model, trainable_summary
+
+            self.model = build_lora_model(model, self.dist, self.compute_dtype, args)
+            counts = trainable_summary(self.model)
+            log.info("LoRA rank %d alpha %g on %s: %d trainable parameters (fp32), %d frozen (%s)",
+                     args.lora_rank, args.lora_scale_alpha, ",".join(args.lora_target_modules),
+                     counts["trainable_params"], counts["frozen_params"], self.compute_dtype)
+        else:
+            self.model = build_model(model, self.dist, self.compute_dtype)
         self.checkpointing, why_ckpt = enable_gradient_checkpointing(
             self.model, args.gradient_checkpointing, self.dist.device)
         log.info("%s; log-probs in chunks of %s tokens", why_ckpt,
                  args.logits_chunk_tokens or "all (dense)")
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.learning_rate,
+        # Only what trains: with LoRA, AdamW holds state for the adapters alone.
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate,
                                            betas=tuple(args.adam_betas),
                                            weight_decay=args.weight_decay)
         warm = args.warmup_steps
@@ -184,17 +200,23 @@ class HarnessAsyncGRPOTrainer:
                      self.args.output_dir)
             return
         self.state = load_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                                     scheduler=self.scheduler, dist_info=self.dist)
+                                     scheduler=self.scheduler, dist_info=self.dist,
+                                     trainable_only=self.args.lora_rank > 0)
         log.info("resumed from %s: step %d, version %d, next group %d", path, self.state.step,
                  self.state.policy_version, self.state.next_group_index)
 
     def save(self) -> Path:
         return save_checkpoint(self.args.output_dir, model=self.model, optimizer=self.optimizer,
                                scheduler=self.scheduler, state=self.state, dist_info=self.dist,
-                               total_limit=self.args.save_total_limit)
+                               total_limit=self.args.save_total_limit,
+                               trainable_only=self.args.lora_rank > 0)
 
     def export(self) -> Path | None:
-        """The trained model in HF layout at <output_dir>/model (every rank; rank 0 writes)."""
+        """The trained model in HF layout at <output_dir>/model (every rank; rank 0 writes); with
+        LoRA the adapter folder there (`python -m trainer.lora` merges it into an HF model)."""
+        if self.args.lora_rank > 0:
+            return export_adapter(self.args.output_dir, model=self.model, dist_info=self.dist,
+                                  tokenizer=self.tokenizer)
         return export_model(self.args.output_dir, model=self.model, dist_info=self.dist,
                             tokenizer=self.tokenizer)
 

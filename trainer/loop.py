@@ -282,7 +282,9 @@ def push_weights(trainer: Any, version: int) -> None:
     Rank 0 hands a `FullModelView` to its WeightSync, which reads it parameter by parameter; the
     other ranks run the same gathers (`finish`). A push that raises on rank 0 propagates: the
     others are then left in a gather and end with the run (trainer/distributed.py)."""
-    view = FullModelView(trainer.model, trainer.compute_dtype)
+    # LoRA: the adapters alone (the frozen base is already in the engine)
+    view = FullModelView(trainer.model, trainer.compute_dtype,
+                         trainable_only=trainer.args.lora_rank > 0)
     if trainer.dist.is_main:
         trainer.weight_sync.push(view, version)
     unread = view.finish() if trainer.dist.distributed else 0

@@ -139,7 +139,8 @@ class RemoteSessionFactory:
 
     async def _rollout(self, task: Any, seed: int | None, episode_id: str) -> RemoteRolloutResult:
         body = {"factory": self.options, "task": _task_name(task), "seed": seed,
-                "episode_id": episode_id, "weight_version": self.pool.weight_version}
+                "episode_id": episode_id, "weight_version": self.pool.weight_version,
+                "weight_model": self.pool.weight_model}
         http = self.pool.aclient()
         attempts = 0
         admission_deadline = time.monotonic() + self.admission_timeout_s
@@ -230,7 +231,8 @@ class RemoteSessionFactory:
                episode_id: str | None = None) -> RemoteSession:
         """A started session on the least-loaded service (start-up infra failures retried)."""
         body = {"factory": self.options, "task": _task_name(task), "seed": seed,
-                "episode_id": episode_id, "weight_version": self.pool.weight_version}
+                "episode_id": episode_id, "weight_version": self.pool.weight_version,
+                "weight_model": self.pool.weight_model}
         deadline = time.monotonic() + self.admission_timeout_s
         attempt = 0
         while True:
@@ -273,8 +275,9 @@ class RemoteSessionFactory:
 
     # ---- the rest of the factory's surface -----------------------------------------------------
 
-    def set_weight_version(self, version: int) -> None:
-        self.pool.set_weight_version(version)
+    def set_weight_version(self, version: int, model: str | None = None, *,
+                           retired: list[str] | None = None) -> None:
+        self.pool.set_weight_version(version, model, retired=retired)
 
     @property
     def metrics(self) -> dict[str, int]:

@@ -68,6 +68,7 @@ class ServicePool:
         # The engine's weight version as last told: sent with every new rollout and session too,
         # so a service that missed an update (down, restarted) stamps the right version anyway.
         self.weight_version: int | None = None
+        self.weight_model: str | None = None  # the LoRA adapter serving it (None: the base)
 
     def aclient(self) -> httpx.AsyncClient:
         return self._async.get()
@@ -107,13 +108,17 @@ class ServicePool:
                     service.url, type(exc).__name__, exc, self.down_s)
         service.down_until = time.monotonic() + self.down_s
 
-    def set_weight_version(self, version: int, retired: list[str] | None = None) -> None:
+    def set_weight_version(self, version: int, model: str | None = None, *,
+                           retired: list[str] | None = None) -> None:
         """Tell every service's capture proxy the engines' weights changed (a dead one: logged;
-        it hears the version with its next rollout). `retired`: engines whose weight push failed,
-        which each proxy takes out before it stamps `version` (capture.engines). A service down at
-        that moment misses the retirement (it later hears only the version): restart it."""
-        self.weight_version = version
-        body: dict[str, Any] = {"version": version, **({"retired": retired} if retired else {})}
+        it hears the version with its next rollout). `model`: the engine model name serving
+        `version` when it is a LoRA adapter (trainer/weight_sync/lora.py); None: the base.
+        `retired`: engines whose weight push failed, which each proxy takes out before it stamps
+        `version` (capture.engines). A service down at that moment misses the retirement (it
+        later hears only the version): restart it."""
+        self.weight_version, self.weight_model = version, model
+        body: dict[str, Any] = {"version": version, "model": model,
+                                **({"retired": retired} if retired else {})}
         for s in self.services:
             try:
                 r = self._sync.post(f"{s.url}/v1/weight_version", json=body,

@@ -11,6 +11,7 @@ of every problem beats fixing them one restart at a time (torchtune's ConfigErro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -163,8 +164,20 @@ def _check_model(settings: RunSettings) -> list[str]:
         return []
     path = Path(settings.model)
     looks_like_path = settings.model.startswith((".", "/", "~")) or path.exists()
+    adapter = path.expanduser() / "adapter_config.json"
+    if adapter.exists():  # a LoRA run's export: merged into its base at start (harness.run.stack)
+        try:
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        except ValueError as exc:
+            return [f"--model {settings.model}: adapter_config.json does not parse ({exc})"]
+        if not base or not (Path(base).exists() or "/" in base):
+            return [f"--model {settings.model}: a LoRA adapter whose base "
+                    f"({base!r}) is no model directory or hub id; merge it yourself with "
+                    "python -m trainer.lora ADAPTER OUT --base BASE and pass OUT"]
+        return []
     if looks_like_path and not (path.expanduser() / "config.json").exists():
-        return [f"--model {settings.model}: no config.json there; give an HF model directory"]
+        return [f"--model {settings.model}: no config.json there; give an HF model directory "
+                "or a LoRA adapter folder (adapter_config.json)"]
     return []
 
 

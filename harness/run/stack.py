@@ -105,7 +105,11 @@ class RunStack:
         if not self.weight_transfer:
             self.backend_reason = "weight sync off (--no-weight-sync)"
             return
-        if gpu_available():
+        if self.settings.lora_rank > 0:
+            self.weight_backend = "lora"
+            self.backend_reason = (f"LoRA rank {self.settings.lora_rank}: adapters through "
+                                   "vLLM's /v1/load_lora_adapter, one name per version")
+        elif gpu_available():
             self.weight_backend, self.backend_reason = "nccl", "a GPU is visible: vLLM's NCCL engine"
         else:
             self.weight_backend = "harness_gloo"
@@ -124,12 +128,27 @@ class RunStack:
         once, at one commit (launchers/models.py), so both load the same revision; no --model
         is the committed warm start for this run's agent."""
         s = self.settings
+        spec = s.model
+        if spec is not None and (Path(spec).expanduser() / "adapter_config.json").is_file():
+            spec = str(self._merged(Path(spec).expanduser()))
         try:
-            self.model = resolve_model(s.model, harness=s.harness, tasks=s.tasks)
+            self.model = resolve_model(spec, harness=s.harness, tasks=s.tasks)
         except ModelError as exc:  # a settings problem to train/eval: reported, exit code 2
             raise SettingsError([str(exc)]) from exc
         self.model_path = self.model.path
         return self.model
+
+    def _merged(self, adapter: Path) -> Path:
+        """--model a LoRA adapter folder (a LoRA run's <output-dir>/trainer/model): merged into
+        its base (adapter_config.json's base_model_name_or_path) as an HF model in the run
+        folder, which the engine then serves like any model: exact, and no LoRA flags needed."""
+        from launchers.adapters import merge_adapter_dir
+
+        t0 = time.perf_counter()
+        merged = merge_adapter_dir(adapter, self.run_dir / "merged-model")
+        log.info("--model %s is a LoRA adapter: merged into its base at %s (%.1f s)", adapter,
+                 merged, time.perf_counter() - t0)
+        return merged
 
     def _start(self) -> None:
         s = self.settings
@@ -143,7 +162,10 @@ class RunStack:
         engine_url = self.engine_url
         if engine_url is None:
             self.engine = Engine(self.model_path, port=s.engine_port, served_model_name=s.served_model_name,
-                                 weight_transfer_backend=self.weight_backend,
+                                 # LoRA pushes need no weight-transfer engine in vLLM
+                                 weight_transfer_backend=(None if self.weight_backend == "lora"
+                                                          else self.weight_backend),
+                                 lora_rank=s.lora_rank,
                                  log_path=self.run_dir / "logs" / "vllm.log",
                                  tensor_parallel_size=s.engine_tensor_parallel_size,
                                  data_parallel_size=s.engine_data_parallel_size)

@@ -69,13 +69,17 @@ async def metrics(request: Request, s: RolloutService, body: dict) -> Response:
 
 async def weight_version(request: Request, s: RolloutService, body: dict) -> Response:
     version = body.get("version")
+    model = body.get("model")
     if isinstance(version, bool) or not isinstance(version, int):
-        raise BadRequest('send {"version": <int>}')
+        raise BadRequest('send {"version": <int>, "model": <str or null>}')
+    if model is not None and (not isinstance(model, str) or not model):
+        raise BadRequest('"model": the engine model name serving this version (a LoRA '
+                         "adapter), or null")
     retired = body.get("retired") or []
     if not isinstance(retired, list) or not all(isinstance(u, str) for u in retired):
         raise BadRequest('"retired" must be a list of engine URLs')
-    await s.set_weight_version(version, retired)
-    return JSONResponse({"version": version})
+    await s.set_weight_version(version, model, retired=retired)
+    return JSONResponse({"version": version, "model": model})
 
 
 def _wait_s(value: Any) -> float:

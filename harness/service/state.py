@@ -230,17 +230,20 @@ class RolloutService:
         service serves one engine's run; a new run on a fresh engine restarts it or POSTs
         /v1/weight_version, which sets the version exactly.)"""
         version = body.get("weight_version")
+        model = body.get("weight_model")
         if isinstance(version, int) and not isinstance(version, bool) \
                 and version > self.proxy.state.weight_version:
-            await self.set_weight_version(version)
+            await self.set_weight_version(version, model if isinstance(model, str) else None)
 
-    async def set_weight_version(self, version: int, retired: list[str] | None = None) -> None:
-        """`retired`: engines whose weight push failed, taken out of the proxy before the stamp
-        (capture.engines)."""
+    async def set_weight_version(self, version: int, model: str | None = None, *,
+                                 retired: list[str] | None = None) -> None:
+        """`model`: the engine model name serving `version` (a LoRA adapter), None: the
+        engine's own (capture.state.CaptureState.engine_model). `retired`: engines whose weight
+        push failed, taken out of the proxy before the stamp (capture.engines)."""
         from capture.client import AsyncCaptureClient
 
         async with AsyncCaptureClient(self.proxy.admin_url, self.proxy.admin_key) as capture:
-            await capture.set_weight_version(version, retired)
+            await capture.set_weight_version(version, model, retired=retired)
 
     async def start_rollout(self, body: dict[str, Any]) -> str:
         """Start an admitted rollout (its slot was taken by `admit()`, held while starting)."""

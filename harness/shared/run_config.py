@@ -39,7 +39,8 @@ HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "resume", "weight_sync",
                         "reward_fn", "reward_funcs", "report_to", "shuffle_rewards", "flip_rewards",
                         "shuffle_tasks", "eval_tasks", "eval_rollouts_per_task", "rollout_service",
-                        "rollout_service_key_file"})
+                        "rollout_service_key_file", "lora_rank", "lora_alpha", "lora_dropout",
+                        "lora_target_modules"})
 
 
 # The tiny models (336k parameters) train at ~1e-3 (LEARNING.md: 64 rollouts a step); with the
@@ -119,6 +120,12 @@ class RunSettings:
     # Running `python -m harness.serve` services (URL[,URL...]); None: start one here.
     rollout_service: str | None = None
     rollout_service_key_file: str | None = None  # else $HARNESS_SERVICE_KEY
+    # LoRA (trainer/lora.py): 0 trains every weight; R > 0 trains rank-R adapters on a frozen
+    # base and pushes them hot into vLLM (trainer/weight_sync/lora.py).
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # None: 2 * lora_rank
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
     def __post_init__(self) -> None:
         if self.learning_rate is None:
@@ -163,6 +170,9 @@ class RunSettings:
             flip_rewards=self.flip_rewards,
             shuffle_dataset=self.shuffle_tasks,
             train_unplaced_calls=self.train_unplaced_calls,
+            lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
+            lora_target_modules=tuple(m.strip() for m in self.lora_target_modules.split(",")
+                                      if m.strip()),
         )
 
 
@@ -273,6 +283,13 @@ def _help(name: str) -> str:
                            "--engine-url too: the engine the services were started with",
         "rollout_service_key_file": "a file holding the services' key (else "
                                     "$HARNESS_SERVICE_KEY)",
+        "lora_rank": "train LoRA adapters of this rank on a frozen base (peft) and push them "
+                     "hot into vLLM as a new adapter per version; 0: full fine-tuning",
+        "lora_alpha": "LoRA alpha; None (unset): 2 x --lora-rank",
+        "lora_dropout": "LoRA dropout on the adapters' input, in [0, 1)",
+        "lora_target_modules": "comma-separated module names that get adapters; the default "
+                               "is every attention and MLP projection of Qwen/Llama-family "
+                               "models",
     }[name]
 
 

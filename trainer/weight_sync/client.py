@@ -157,5 +157,20 @@ class EngineControlClient:
     def update_weight_version(self, version: str) -> None:
         self._call("POST", "/update_weight_version", json={"new_version": version})
 
+    # -- runtime LoRA (trainer.weight_sync.lora) ----------------------------------------------
+    def lora_request(self, route: str, body: dict[str, Any]) -> httpx.Response:
+        """POST /v1/load_lora_adapter or /v1/unload_lora_adapter; the reply as it came (the
+        LoRA sync words its own errors: these routes answer 404 when LoRA updating is off, which
+        is not the dev-mode fix `_call` would name). Raises WeightSyncSetupError when the engine
+        cannot be reached, WeightSyncError on other transport failures."""
+        try:
+            return self._http.post(route, json=body)
+        except httpx.ConnectError as exc:
+            raise WeightSyncSetupError(
+                f"cannot reach the engine at {self.engine_url} ({exc}); is vLLM running there?"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"{route}: {type(exc).__name__}: {exc}") from exc
+
     def close(self) -> None:
         self._http.close()

@@ -8,7 +8,7 @@ after every live engine confirmed it:
 ```
 push(v):  engine a: pause -> start -> update -> finish(v) -> resume  \\   all pushes at once,
           engine b: pause -> start -> update -> finish(v) -> resume  /   one thread each
-          ... every one returned ...  ->  on_version(v, retired)         the proxy stamps v
+          ... every one returned ...  ->  on_version(v, retired=[...])   the proxy stamps v
 ```
 
 So no call is recorded at version v from an engine still at v-1. The stamp errs the other way
@@ -18,7 +18,7 @@ parallel to keep that window as short as the slowest push.
 
 WHEN ONE ENGINE'S PUSH FAILS (any `WeightSyncError`: a step of the protocol failed, or the
 engine is gone and refuses the connection): that engine is retired. It is never pushed to again,
-its transfer group is closed, and `on_version(v, [its URL])` tells the proxy to take it out
+its transfer group is closed, and `on_version(v, retired=[its URL])` tells the proxy to take it out
 *before* stamping v (the proxy cuts its in-flight calls, which become infra failures: they were
 sampled from the older weights, and the stamp would have called them v). The other engines serve
 v and the run goes on with one engine fewer, logged as a warning. If the push fails on every
@@ -54,7 +54,9 @@ __all__ = ["FanOutWeightSync"]
 
 log = logging.getLogger(__name__)
 
-OnVersion = Callable[[int, list[str]], Any]
+# called as on_version(version, retired=[engine URL, ...]): a keyword, because the proxies'
+# set_weight_version takes (version, model=None, *, retired=None)
+OnVersion = Callable[..., Any]
 
 
 class FanOutWeightSync:
@@ -115,7 +117,7 @@ class FanOutWeightSync:
             self._retire(sync, version, error)
         self.version = version
         if self.on_version is not None:
-            self.on_version(version, [s.engine_url for s, _ in failed])
+            self.on_version(version, retired=[s.engine_url for s, _ in failed])
 
     def _retire(self, sync: VLLMWeightSync, version: int, error: BaseException) -> None:
         self.live.remove(sync)

@@ -19,8 +19,9 @@ the other ranks drain the same gathers in the same order (`finish()`), and a cas
 engine's dtype (bf16 master-weight training keeps fp32 parameters) happens on each shard
 before its gather, so half the bytes cross.
 
-What it does not do: rename parameters of adapters (PEFT) or custom architectures. Pass
-`name_map` to `VLLMWeightSync` for those.
+What it does not do: rename parameters of custom architectures (pass `name_map` to
+`VLLMWeightSync`). PEFT adapters go another way: `FullModelView(..., trainable_only=True)` streams
+the adapters alone, under the peft model's names, to `LoRAWeightSync` (trainer/weight_sync/lora.py).
 """
 
 from __future__ import annotations
@@ -94,12 +95,20 @@ class FullModelView:
     It has no `state_dict()`: that would hold every tensor at once.
     """
 
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None, *,
+                 trainable_only: bool = False) -> None:
         self.model = model
         self.dtype = dtype
+        # LoRA (trainer/lora.py): only the adapters change, so only they are gathered and sent
+        self.trainable_only = trainable_only
         self.config = getattr(model, "config", None)
         self._stream: Iterator[tuple[str, torch.Tensor]] | None = None
         self.read = 0  # parameters handed out so far (by the stream or by finish())
+
+    def _params(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        for name, p in self.model.named_parameters():
+            if p.requires_grad or not self.trainable_only:
+                yield name, p
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.dtype is not None and tensor.is_floating_point() and tensor.dtype != self.dtype:
@@ -108,7 +117,7 @@ class FullModelView:
 
     def describe_parameters(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
         out = []
-        for name, p in self.model.named_parameters():
+        for name, p in self._params():
             dtype = self.dtype if self.dtype is not None and p.is_floating_point() else p.dtype
             out.append((name, dtype, tuple(p.shape)))
         return out
@@ -118,7 +127,7 @@ class FullModelView:
         # and a generator suspended inside no_grad leaves the consumer's thread without autograd
         # (the next training step's backward then fails, or worse, a caller that reads only part
         # of the stream trains nothing).
-        for name, param in self.model.named_parameters():
+        for name, param in self._params():
             with torch.no_grad():
                 full = _full(self._cast(param.detach()))
             self.read += 1
