@@ -21,14 +21,15 @@ proxy, with both turns:
    reading each name from the instruction is the only way to the right file.
 
    Where the build lands (dev probe, 2026-12-03, 4 samples x 12 instructions, +-6 points; the
-   full-prompt steps after 300 bare and 100 short ones; all read the right file first 90-98%):
-   full steps 30, 45, 60, 75: the shown word 15%, 6%, 10%, 8% (chance among the family's words:
-   1 in 8; the copy is learnt on short prompts and not carried over to mini-swe-agent's
-   1,400-token one); 88: 21%; 93: 25%; 97 (committed): 25% on dev, 30% on train; an earlier
-   build at 100 (code of that morning) 94%, nothing left for RL. 100/40/40 never learnt the copy
-   (6%). The carry-over to the whole prompt is what RL has to finish: act on what the first step
-   observed. A noisy teacher (`--wrong-first`, `--wrong-word`: a share of taught first calls read
-   another file, a share of taught second calls write another word) does not calibrate this
+   full-prompt steps after 300 bare and 100 short ones; all read the right file first 90-98%): full
+   steps 30, 45, 60, 75: the shown word 15%, 6%, 10%, 8% (chance among the family's words: 1 in 8;
+   the copy is learnt on short prompts and not carried over to mini-swe-agent's 1,400-token one);
+   88: 21%; 93: 25%; 97 (committed): 25% on dev, 30% on train; an earlier build at 100 (code of
+   that morning) 94%, nothing left for RL; rebuilt at 100 on the code of 2026-12-03 evening, 15%
+   (dev; 17% train): where the copy appears is not the step count alone. 100/40/40 never learnt the
+   copy (6%). The carry-over to the whole prompt is what RL has to finish: act on what the first
+   step observed. A noisy teacher (`--wrong-first`, `--wrong-word`: a share of taught first calls
+   read another file, a share of taught second calls write another word) does not calibrate this
    model: any noise in the last stage left the copy at 0-17%; `--calibrate-steps` (noisy first
    turns after clean stages) was not measured to the end.
    The curriculum of create_file.py: the instruction under a one-line system prompt, then the
