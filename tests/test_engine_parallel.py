@@ -68,3 +68,21 @@ def test_preflight_refuses_sizes_for_an_engine_it_does_not_launch():
     assert any("launched here" in p for p in _engine_parallel_problems(given))
     launched = settings_from_args(parser, ["--engine-data-parallel-size", "0"])
     assert _engine_parallel_problems(launched) == ["--engine-data-parallel-size 0: must be >= 1"]
+
+
+def test_lora_with_several_engines_is_refused_before_anything_starts(tmp_path):
+    # The LoRA push reaches one engine (trainer/weight_sync/lora.py); the fan-out wraps full-weight
+    # syncs only. Refused up front, and again where the sync is built.
+    from harness.run.preflight import _engine_parallel_problems
+    from harness.train import weight_links
+
+    parser = build_parser("python -m harness.train", "x")
+    two = settings_from_args(parser, ["--engine-url", "http://a:1,http://b:2",
+                                      "--lora-rank", "8"])
+    assert any("LoRA pushes reach one engine" in p for p in _engine_parallel_problems(two))
+    one = settings_from_args(parser, ["--engine-url", "http://a:1", "--lora-rank", "8"])
+    assert _engine_parallel_problems(one) == []
+    full = settings_from_args(parser, ["--engine-url", "http://a:1,http://b:2"])
+    assert _engine_parallel_problems(full) == []
+    with pytest.raises(ValueError, match="LoRA pushes into one engine"):
+        weight_links("http://a:1,http://b:2", "lora", capture=None, adapter_dir=tmp_path)

@@ -56,6 +56,12 @@ def _engine_parallel_problems(settings: RunSettings) -> list[str]:
         elif size > 1 and settings.engine_url:
             problems.append(f"{flag} {size} with --engine-url: it sizes the engine launched "
                             "here; start yours with vLLM's own flag instead")
+    engines = len(settings.engine_urls()) if settings.engine_url else 1
+    if settings.lora_rank and engines > 1 and settings.weight_sync:
+        # trainer/weight_sync/lora.py pushes into one engine; the fan-out wraps full-weight syncs
+        problems.append(f"--lora-rank {settings.lora_rank} with {engines} engines in "
+                        "--engine-url: LoRA pushes reach one engine only for now; give one "
+                        "--engine-url, or train full weights (no --lora-rank)")
     return problems
 
 
