@@ -11,9 +11,10 @@ Decisions:
     whole conversation (thousands of tokens for a real agent) on every engine switch.
   * Placement: a session's first call goes to the live engine with the fewest sessions pinned
     on it; ties go round the list (after the engine last chosen), so sessions that come one at a
-    time (concurrency 1: each is deleted before the next starts) still take turns. Sessions, not calls in flight: an agent spends much of its
-    rollout running tools between calls, so calls in flight undercount what an engine will be
-    asked next. A session's pin is released when it is deleted (`release`).
+    time (concurrency 1: each is deleted before the next starts) still take turns. Sessions,
+    not calls in flight: an agent spends much of its rollout running tools between calls, so
+    calls in flight undercount what an engine will be asked next. A session's pin is released
+    when it is deleted (`release`).
   * Death. A connection refused (EngineUnreachable) takes an engine out at once; a dropped
     connection or a silent engine (EngineDisconnected, EngineTimeout: a single dropped socket
     is no proof) makes the pool probe its GET /health now; and every `health_interval_s` each
