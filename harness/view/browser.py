@@ -1,15 +1,17 @@
-"""Headless Chromium over the DevTools protocol: what a person would see on the viewer's pages.
+"""Headless Chromium through Playwright: what a person would see on the viewer's pages.
 
 Used by the browser test (tests/test_view_browser.py), the load benchmark (bench/view/bench.py)
-and `python -m harness.view RUN --screenshots DIR`. Chromium is Debian's package (`apt-get
-install chromium`, /usr/bin/chromium); it is driven over its own DevTools websocket with aiohttp
-(a project dependency), so nothing downloads a browser. Chromium's `--dump-dom` cannot wait for
-the page's own requests, and playwright would want its own browser build: the protocol is five
-commands here (create a target, navigate, evaluate, set the viewport, capture a screenshot).
+and `python -m harness.view RUN --screenshots DIR`. Playwright (the `playwright` pip package, its
+async API) is a maintained driver for Chromium's DevTools protocol, so this module keeps none of
+the protocol itself. It drives Debian's Chromium (`apt-get install chromium`; the binary behind
+the /usr/bin/chromium shell wrapper, /usr/lib/chromium/chromium) through `chromium.launch(
+executable_path=...)`: nothing downloads a browser, and `playwright install` is never run (the
+wheel's own Node driver is all it brings). Chromium's `--dump-dom` cannot wait for the page's own
+requests, which is why a driver is used at all.
 
     async with Browser() as browser:
         page = await browser.new_page()
-        await page.goto(url, ready="document.querySelector('main').dataset.state === 'ready'")
+        await page.goto(url)  # waits for the viewer's <main data-state="ready">
         text = await page.eval("document.body.innerText")
         png = await page.screenshot()
 
@@ -19,24 +21,22 @@ Every wait has a deadline and says what it waited for when it runs out.
 from __future__ import annotations
 
 import asyncio
-import base64
-import itertools
-import json
 import os
 import shutil
-import subprocess
-import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 __all__ = ["Browser", "BrowserError", "Page", "chromium_path", "screenshot_views"]
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio",
-         "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0"]
+FLAGS = ["--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+         "--hide-scrollbars", "--mute-audio"]
+# Debian's /usr/bin/chromium is a shell script that execs this binary with its own flags.
+DEBIAN_BINARY = "/usr/lib/chromium/chromium"
 READY = "document.querySelector('main') && document.querySelector('main').dataset.state"
+VIEWER_READY = f"({READY}) === 'ready' || ({READY}) === 'error' ? ({READY}) : false"
 
 
 class BrowserError(RuntimeError):
@@ -44,10 +44,16 @@ class BrowserError(RuntimeError):
 
 
 def chromium_path() -> str | None:
-    """The Chromium binary: $CHROMIUM, else chromium / chromium-browser on PATH."""
+    """The Chromium binary: $CHROMIUM, else Debian's, else chromium / chromium-browser on PATH."""
     if os.environ.get("CHROMIUM"):
         return os.environ["CHROMIUM"]
+    if os.access(DEBIAN_BINARY, os.X_OK):
+        return DEBIAN_BINARY
     return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _td(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)
 
 
 class Browser:
@@ -57,162 +63,117 @@ class Browser:
             raise BrowserError("no Chromium found: install Debian's package (apt-get install -y "
                                "chromium) or set CHROMIUM=/path/to/chromium")
         self.start_timeout_s = start_timeout_s
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
-        self._events: dict[str, list[dict[str, Any]]] = {}
-        self.proc: subprocess.Popen | None = None
+        self._playwright: Any = None
+        self._browser: Any = None
 
     async def __aenter__(self) -> Browser:
-        import aiohttp
+        from playwright.async_api import Error, async_playwright
 
-        self._profile = tempfile.mkdtemp(prefix="harness-chromium-")
-        self._log = open(Path(self._profile) / "chromium.log", "wb")  # noqa: SIM115 (closed in exit)
-        self.proc = subprocess.Popen(
-            [self.executable, *FLAGS, f"--user-data-dir={self._profile}", "about:blank"],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        port_file = Path(self._profile) / "DevToolsActivePort"
-        deadline = time.monotonic() + self.start_timeout_s
-        while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                log = (Path(self._profile) / "chromium.log").read_text(errors="replace")[-2000:]
-                await self._stop()
-                raise BrowserError(f"Chromium did not open its DevTools port within "
-                                   f"{self.start_timeout_s:.0f} s (exit {self.proc.returncode}); "
-                                   f"its output:\n{log}")
-            await asyncio.sleep(0.05)
-        port, path = port_file.read_text().splitlines()[:2]
-        self._http = aiohttp.ClientSession()
-        self._ws = await self._http.ws_connect(f"ws://127.0.0.1:{port}{path}", max_msg_size=0)
-        self._reader = asyncio.create_task(self._read())
+        self._playwright = await async_playwright().start()
+        try:
+            self._browser = await self._playwright.chromium.launch(
+                executable_path=self.executable, headless=True, chromium_sandbox=False,
+                args=FLAGS, timeout=_td(self.start_timeout_s))
+        except Error as exc:
+            await self._stop()
+            raise BrowserError(f"Chromium ({self.executable}) did not start within "
+                               f"{self.start_timeout_s:.0f} s: {exc.message}") from exc
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stop()
 
     async def _stop(self) -> None:
-        if getattr(self, "_reader", None) is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        if getattr(self, "_ws", None) is not None:
-            await self._ws.close()
-        if getattr(self, "_http", None) is not None:
-            await self._http.close()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                await asyncio.to_thread(self.proc.wait, 10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                await asyncio.to_thread(self.proc.wait)
-        self._log.close()
-        shutil.rmtree(self._profile, ignore_errors=True)
-
-    async def _read(self) -> None:
-        async for msg in self._ws:
-            data = json.loads(msg.data)
-            future = self._pending.pop(data.get("id"), None)
-            if future is not None and not future.done():
-                if "error" in data:
-                    future.set_exception(BrowserError(f"DevTools error: {data['error']}"))
-                else:
-                    future.set_result(data.get("result", {}))
-            elif "method" in data:
-                self._events.setdefault(data["method"], []).append(data)
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(BrowserError("Chromium closed its DevTools connection"))
-
-    async def send(self, method: str, params: dict | None = None, session: str | None = None,
-                   timeout_s: float = 60.0) -> dict[str, Any]:
-        msg_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
-        self._pending[msg_id] = future
-        body: dict[str, Any] = {"id": msg_id, "method": method, "params": params or {}}
-        if session is not None:
-            body["sessionId"] = session
-        await self._ws.send_str(json.dumps(body))
-        try:
-            return await asyncio.wait_for(future, timeout_s)
-        except TimeoutError as exc:
-            raise BrowserError(f"Chromium did not answer {method} within {timeout_s:.0f} s") from exc
+        if self._browser is not None:
+            await self._browser.close()
+            self._browser = None
+        if self._playwright is not None:
+            await self._playwright.stop()
+            self._playwright = None
 
     async def new_page(self, width: int = 1400, height: int = 1000) -> Page:
-        target = await self.send("Target.createTarget", {"url": "about:blank"})
-        attached = await self.send("Target.attachToTarget",
-                                   {"targetId": target["targetId"], "flatten": True})
-        page = Page(self, attached["sessionId"])
-        await page.send("Page.enable")
-        await page.send("Runtime.enable")
-        await page.viewport(width, height)
-        return page
+        return Page(await self._browser.new_page(viewport={"width": width, "height": height},
+                                                 device_scale_factor=1))
 
 
 class Page:
-    def __init__(self, browser: Browser, session: str):
-        self.browser = browser
-        self.session = session
-        self.width, self.height = 1400, 1000
-
-    async def send(self, method: str, params: dict | None = None) -> dict[str, Any]:
-        return await self.browser.send(method, params, session=self.session)
+    def __init__(self, page: Any):
+        self.page = page  # playwright.async_api.Page
+        size = page.viewport_size or {"width": 1400, "height": 1000}
+        self.width, self.height = size["width"], size["height"]
 
     async def viewport(self, width: int, height: int) -> None:
         self.width, self.height = width, height
-        await self.send("Emulation.setDeviceMetricsOverride",
-                        {"width": width, "height": height, "deviceScaleFactor": 1,
-                         "mobile": False})
+        await self.page.set_viewport_size({"width": width, "height": height})
 
-    async def eval(self, expression: str) -> Any:
-        result = await self.send("Runtime.evaluate", {"expression": expression,
-                                                      "returnByValue": True,
-                                                      "awaitPromise": True})
-        if "exceptionDetails" in result:
-            raise BrowserError(f"page script failed: {expression[:120]}: "
-                               f"{result['exceptionDetails'].get('text')} "
-                               f"{result['exceptionDetails'].get('exception', {})}")
-        return result.get("result", {}).get("value")
+    async def eval(self, expression: str, *, timeout_s: float = 60.0) -> Any:
+        """The value of a JavaScript expression (a promise is awaited, up to `timeout_s`)."""
+        from playwright.async_api import Error
+
+        try:
+            return await asyncio.wait_for(self.page.evaluate(expression), timeout_s)
+        except TimeoutError as exc:
+            raise BrowserError(f"waited {timeout_s:.0f} s for page script {expression[:120]}"
+                               ) from exc
+        except Error as exc:
+            raise BrowserError(f"page script failed: {expression[:120]}: {exc.message}") from exc
 
     async def wait_for(self, expression: str, *, what: str, timeout_s: float = 30.0) -> Any:
         """Poll `expression` until truthy; BrowserError naming `what` when the deadline passes."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = await self.eval(expression)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                state = await self.eval(f"({READY}) + ' | ' + document.body.innerText.slice(0, 300)")
-                raise BrowserError(f"waited {timeout_s:.0f} s for {what}; the page shows: {state}")
-            await asyncio.sleep(0.05)
+        from playwright.async_api import Error
+        from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-    async def goto(self, url: str, *, timeout_s: float = 30.0) -> float:
-        """Open `url` and wait until the viewer says its view is ready; returns the seconds."""
+        try:
+            handle = await self.page.wait_for_function(expression, polling=50,
+                                                       timeout=_td(timeout_s))
+        except PlaywrightTimeout as exc:
+            state = await self.eval(f"({READY}) + ' | ' + document.body.innerText.slice(0, 300)")
+            raise BrowserError(f"waited {timeout_s:.0f} s for {what}; the page shows: {state}"
+                               ) from exc
+        except Error as exc:
+            raise BrowserError(f"waiting for {what}: {expression[:120]}: {exc.message}") from exc
+        return await handle.json_value()
+
+    async def goto(self, url: str, *, ready: str | None = None, timeout_s: float = 30.0) -> float:
+        """Open `url` and wait until `ready` (a JavaScript expression; by default the viewer's
+        <main data-state> says "ready" or "error") is truthy; returns the seconds it took."""
+        from playwright.async_api import Error
+
         # A hash change is a same-document navigation: mark the old view first so the wait
         # below cannot see the previous view's "ready".
         await self.eval(f"({READY}) ? (document.querySelector('main').dataset.state = "
                         "'navigating') : null")
         t0 = time.perf_counter()
-        await self.send("Page.navigate", {"url": url})
-        state = await self.wait_for(f"({READY}) === 'ready' || ({READY}) === 'error'"
-                                    f" ? ({READY}) : false",
-                                    what=f"the viewer page {url} to finish loading",
-                                    timeout_s=timeout_s)
-        if state == "error":
+        try:
+            await self.page.goto(url, wait_until="commit", timeout=_td(timeout_s))
+        except Error as exc:
+            raise BrowserError(f"could not open {url} within {timeout_s:.0f} s: {exc.message}"
+                               ) from exc
+        left = max(timeout_s - (time.perf_counter() - t0), 1.0)
+        state = await self.wait_for(ready or VIEWER_READY,
+                                    what=f"the page {url} to be ready", timeout_s=left)
+        if ready is None and state == "error":
             text = await self.eval("document.querySelector('main').innerText")
             raise BrowserError(f"the viewer page {url} shows an error: {text}")
         return time.perf_counter() - t0
 
     async def screenshot(self, path: Path | None = None, *, full_page: bool = True,
-                         max_height: int = 12000) -> bytes:
+                         max_height: int = 12000, timeout_s: float = 60.0) -> bytes:
         """A PNG of the page (the whole page, up to `max_height` pixels, when `full_page`)."""
-        params: dict[str, Any] = {"format": "png"}
+        from playwright.async_api import Error
+
+        clip = None
         if full_page:
             size = await self.eval("[document.documentElement.scrollWidth, "
                                    "document.documentElement.scrollHeight]")
-            params.update(captureBeyondViewport=True,
-                          clip={"x": 0, "y": 0, "width": max(size[0], self.width),
-                                "height": min(max(size[1], self.height), max_height),
-                                "scale": 1})
-        png = base64.b64decode((await self.send("Page.captureScreenshot", params))["data"])
+            clip = {"x": 0, "y": 0, "width": max(size[0], self.width),
+                    "height": min(max(size[1], self.height), max_height)}
+        try:
+            png = await self.page.screenshot(type="png", full_page=full_page, clip=clip,
+                                             timeout=_td(timeout_s))
+        except Error as exc:
+            raise BrowserError(f"no screenshot of {self.page.url} within {timeout_s:.0f} s: "
+                               f"{exc.message}") from exc
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(png)
