@@ -30,6 +30,7 @@ from trainer.weight_sync import (
     FanOutWeightSync,
     FullModelView,
     VLLMWeightSync,
+    WeightSyncError,
     WeightSyncPushError,
     WeightSyncSetupError,
 )
@@ -134,6 +135,31 @@ def test_a_push_that_fails_on_every_engine_stamps_nothing_and_says_no_engine_lef
         with pytest.raises(WeightSyncPushError, match="no engine left") as caught:
             sync.push(TinyNet(), 1)
     assert all(f.url in str(caught.value) for f in fakes)
+    assert told == []
+
+
+def test_plain_sync_errors_on_every_engine_are_reported_not_an_index_error():
+    # A failure that is neither a setup nor a push error (the control client's own WeightSyncError)
+    # on every engine: the run stops with "no engine left" naming each, and stamps nothing.
+    class Failing:
+        on_version = None
+
+        def __init__(self, url: str) -> None:
+            self.engine_url = url
+
+        def push(self, model: Any, version: int) -> None:
+            raise WeightSyncError(f"{self.engine_url}: connection reset")
+
+        def close(self) -> None:
+            pass
+
+    told: list[int] = []
+    sync = FanOutWeightSync([Failing("http://a:1"), Failing("http://b:2")],
+                            on_version=lambda v, retired: told.append(v))
+    with pytest.raises(WeightSyncError, match="no engine left") as caught:
+        sync.push(TinyNet(), 1)
+    assert type(caught.value) is WeightSyncError
+    assert "http://a:1" in str(caught.value) and "http://b:2" in str(caught.value)
     assert told == []
 
 

@@ -64,9 +64,9 @@ class FanOutWeightSync:
 
     Args:
         syncs: one `VLLMWeightSync` per engine, each without an `on_version` of its own.
-        on_version: called with `(version, retired)` once every live engine serves `version`;
-            `retired` lists the engines whose push of it failed (e.g. the ServicePool's or a
-            CaptureClient's `set_weight_version`).
+        on_version: called as `on_version(version, retired=[...])` once every live engine
+            serves `version`; `retired` lists the engines whose push of it failed (e.g. the
+            ServicePool's or a CaptureClient's `set_weight_version`).
     """
 
     def __init__(self, syncs: list[VLLMWeightSync], *, on_version: OnVersion | None = None
@@ -109,6 +109,8 @@ class FanOutWeightSync:
             if all(isinstance(e, WeightSyncSetupError) for _, e in failed):
                 raise WeightSyncSetupError(message)
             pushes = [e for _, e in failed if isinstance(e, WeightSyncPushError)]
+            if not pushes:  # plain WeightSyncErrors (and setup ones): nothing says more
+                raise WeightSyncError(message)
             raise WeightSyncPushError(
                 message, stage=pushes[0].stage,
                 engine_resumed=all(e.engine_resumed for e in pushes),
