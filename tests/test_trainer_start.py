@@ -42,7 +42,8 @@ history = trainer.train()
 if rank == 0:
     json.dump(history, open(OUT + "/history.json", "w"))
 dist.destroy_process_group()
-print("rank", rank, "done")
+# A file per rank, not a print: the ranks share one stdout pipe and their lines interleave.
+open(OUT + f"/rank{rank}.done", "w").write("done")
 """
 
 
@@ -52,7 +53,7 @@ def test_followers_wait_for_a_rank_0_whose_start_up_outlasts_dist_timeout(tmp_pa
     script = f"DIST_TIMEOUT_S, LATE_S = {dist_timeout_s}, {late_s}\n" + SCRIPT
     rc, text = run_ranks(script, tmp_path / "late", nproc=2)
     assert rc == 0, text[-4000:]
-    assert "rank 0 done" in text and "rank 1 done" in text
+    assert all((tmp_path / "late" / f"rank{r}.done").exists() for r in (0, 1)), text[-4000:]
     assert float((tmp_path / "late" / "late_s").read_text()) > 2 * dist_timeout_s
     history = json.loads((tmp_path / "late" / "history.json").read_text())
     assert len(history) == 2 and all(h["version"] == i + 1 for i, h in enumerate(history))
