@@ -26,47 +26,16 @@ import torch
 
 from launchers.engine import Engine
 from launchers.paths import REPO_ROOT, SetupMissingError, engine_python
+from tests.helpers.engine_equality import (
+    PROMPT_IDS,
+    TOLERANCE,
+    engine_logprobs,
+    train_step,
+    trainer_logprobs,
+)
 from trainer.weight_sync import VLLMWeightSync
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-
-TOLERANCE = 1e-3  # absolute, per token logprob
-PROMPT_IDS = [17, 305, 1022, 88, 2301, 45, 999, 1500, 12, 777, 3001, 64]
-COMPLETION_IDS = [402, 1203, 56, 2048, 9, 811, 3333, 140]
-
-
-def engine_logprobs(url: str) -> torch.Tensor:
-    """The engine's logprob of each completion token given everything before it. [C]"""
-    ids = PROMPT_IDS + COMPLETION_IDS
-    response = httpx.post(
-        f"{url}/v1/completions",
-        json={"model": "tiny", "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0},
-        timeout=120,
-    )
-    response.raise_for_status()
-    per_position = response.json()["choices"][0]["prompt_logprobs"]  # [P + C], first is None
-    return torch.tensor(
-        [per_position[len(PROMPT_IDS) + i][str(tok)]["logprob"] for i, tok in enumerate(COMPLETION_IDS)]
-    )
-
-
-def trainer_logprobs(model: torch.nn.Module) -> torch.Tensor:
-    """The same quantity from the trainer's model. [C]"""
-    ids = torch.tensor([PROMPT_IDS + COMPLETION_IDS])  # [1, P + C]
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(PROMPT_IDS) - 1 : -1].float()  # [C, V]
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(COMPLETION_IDS)[:, None])[:, 0]
-
-
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """One AdamW step raising the completion's likelihood (an SFT step stands in for GRPO's)."""
-    ids = torch.tensor([PROMPT_IDS + COMPLETION_IDS])
-    logits = model(ids).logits[0, len(PROMPT_IDS) - 1 : -1]  # [C, V]
-    loss = torch.nn.functional.cross_entropy(logits, torch.tensor(COMPLETION_IDS))
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
 
 @pytest.fixture(scope="module")
 def gloo_engine(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
