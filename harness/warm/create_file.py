@@ -87,10 +87,7 @@ _SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dict]:
     """Scripted solutions of every train instance, captured through the real stack (step 1):
     the `harness` agent's CLI, its own prompts and tool schema, the proxy, the verifiers."""
-    from capture import CaptureServer
-    from harness.audit.scripted_engine import ScriptedEngine, shell_call
-    from harness.service.factory import HarborSessionFactory
-    from harness.shared.run_records import RecordingFactory
+    from harness.audit.scripted_engine import shell_call
     from harness.tasks.family import family_tasks
 
     tasks = family_tasks("train")
@@ -106,11 +103,26 @@ def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dic
         meta = next(m for i, m in by_instruction.items() if json.dumps(i)[1:-1] in text)
         return shell_call(request, f"echo {meta['word']} > {meta['file']}")
 
+    return record_scripted_rollouts(policy, tasks, out, harness=harness, max_steps=4)
+
+
+def record_scripted_rollouts(policy: Any, tasks: list, out: Path, *, harness: str, max_steps: int,
+                             min_turns: int = 1) -> list[dict]:
+    """Run `policy` (request -> reply text) as the engine behind the real proxy, one rollout per
+    task through the `harness` agent's CLI, and return the full records sorted by task.
+
+    Refuses to return a set in which any rollout failed, was lost or took fewer than
+    `min_turns` engine calls: those traces would teach failure."""
+    from capture import CaptureServer
+    from harness.audit.scripted_engine import ScriptedEngine
+    from harness.service.factory import HarborSessionFactory
+    from harness.shared.run_records import RecordingFactory
+
     with ScriptedEngine(build_tiny_model(), policy) as engine, CaptureServer(engine.url) as proxy:
         factory = RecordingFactory(HarborSessionFactory(
             proxy.admin_url, admin_key=proxy.admin_key, split=tasks, harness=harness,
             llm_url=engine.url, model="tiny", sampling={"temperature": 1.0, "max_tokens": 256},
-            max_concurrent_rollouts=4, agent_timeout_s=150, max_steps=4), out)
+            max_concurrent_rollouts=4, agent_timeout_s=150, max_steps=max_steps), out)
 
         async def run_all() -> None:
             await asyncio.gather(*(factory.rollout(seed=i) for i in range(len(tasks))))
@@ -124,7 +136,8 @@ def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dic
     # and the SFT batches are drawn from this order by a seeded generator.
     records = sorted((json.loads(p.read_text()) for p in (out / "rollouts").glob("*.json")),
                      key=lambda r: r["task_id"])
-    failed = [r["task_id"] for r in records if (r["env_reward"] or 0) < 1 or not r["trace"]]
+    failed = [r["task_id"] for r in records if (r["env_reward"] or 0) < 1 or not r["trace"]
+              or len(r["trace"]["turns"]) < min_turns]
     if failed or len(records) != len(tasks):
         raise RuntimeError(f"the scripted policy failed {failed} ({len(records)} of {len(tasks)} "
                            "recorded): its traces would teach failure")

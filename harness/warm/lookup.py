@@ -50,7 +50,6 @@ the highest score. The result is committed under models/tiny-qwen3-lookup/ with 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import re
@@ -64,11 +63,11 @@ from harness.warm.create_file import (
     _BARE,
     completion_loss,
     finish_build,
+    record_scripted_rollouts,
     round_trip_text,
     save_model,
     sft_steps,
 )
-from launchers.tiny_model import build_tiny_model
 from launchers.warm_models import LOOKUP_MODEL
 from launchers.warm_models import LOOKUP_REBUILD as REBUILD
 
@@ -89,10 +88,7 @@ def _last_tool_text(request: dict) -> str:
 
 def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dict]:
     """Scripted two-step solutions of one instance per train instruction text (step 1)."""
-    from capture import CaptureServer
-    from harness.audit.scripted_engine import ScriptedEngine, shell_call
-    from harness.service.factory import HarborSessionFactory
-    from harness.shared.run_records import RecordingFactory
+    from harness.audit.scripted_engine import shell_call
     from harness.tasks.lookup import VALUES, lookup_tasks
 
     by_instruction: dict[str, Any] = {}
@@ -120,27 +116,8 @@ def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dic
         siblings = [t for t in lookup_tasks("train") if t.instruction.strip()
                     == task.instruction.strip()]
         chosen.append(rng.choice(siblings))
-    with ScriptedEngine(build_tiny_model(), policy) as engine, CaptureServer(engine.url) as proxy:
-        factory = RecordingFactory(HarborSessionFactory(
-            proxy.admin_url, admin_key=proxy.admin_key, split=chosen, harness=harness,
-            llm_url=engine.url, model="tiny", sampling={"temperature": 1.0, "max_tokens": 256},
-            max_concurrent_rollouts=4, agent_timeout_s=150, max_steps=2), out)
-
-        async def run_all() -> None:
-            await asyncio.gather(*(factory.rollout(seed=i) for i in range(len(chosen))))
-
-        try:
-            asyncio.run(run_all())
-        finally:
-            factory.close()
-    records = sorted((json.loads(p.read_text()) for p in (out / "rollouts").glob("*.json")),
-                     key=lambda r: r["task_id"])
-    failed = [r["task_id"] for r in records if (r["env_reward"] or 0) < 1 or not r["trace"]
-              or len(r["trace"]["turns"]) < 2]
-    if failed or len(records) != len(chosen):
-        raise RuntimeError(f"the scripted policy failed {failed} ({len(records)} of "
-                           f"{len(chosen)} recorded): its traces would teach failure")
-    return records
+    return record_scripted_rollouts(policy, chosen, out, harness=harness, max_steps=2,
+                                    min_turns=2)
 
 
 def synthetic_vocabulary(vocab: dict[str, int], seed: int) -> tuple[list[str], list[str]]:
