@@ -8,79 +8,57 @@ Same shape as tests/test_trainer_fsdp.py (which proves it for full fine-tuning).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.ranks import run_ranks
 
 SCRIPT = """
-import json, sys, torch, torch.distributed as dist
-sys.path.insert(0, {repo!r})
+import json, torch, torch.distributed as dist
 from tests.helpers.trainer import replay_source, seeded_tiny_model
 from trainer.config import AsyncGRPOConfig
 from trainer.grpo import HarnessAsyncGRPOTrainer
 
 class RecordingSync:
     def __init__(self):
-        self.pushed = {{}}
+        self.pushed = {}
     def push(self, model, version):
-        self.pushed[version] = {{n: t.clone() for n, t in model.named_parameters()}}
+        self.pushed[version] = {n: t.clone() for n, t in model.named_parameters()}
 
 sync = RecordingSync()
 args = AsyncGRPOConfig(num_generations=4, groups_per_step=2, max_steps=2, learning_rate=1e-2,
-                       max_tokens_per_microbatch=64, output_dir={out!r}, report_to="none",
-                       dist_timeout_s=120, lora_rank=8, dtype={dtype!r})
+                       max_tokens_per_microbatch=64, output_dir=OUT, report_to="none",
+                       dist_timeout_s=120, lora_rank=8, dtype=DTYPE)
 trainer = HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: replay_source(), args,
                                   weight_sync=sync)
-frozen_before = {{n: p.to_local().clone() if hasattr(p, "to_local") else p.detach().clone()
-                 for n, p in trainer.model.named_parameters() if not p.requires_grad}}
+frozen_before = {n: p.to_local().clone() if hasattr(p, "to_local") else p.detach().clone()
+                 for n, p in trainer.model.named_parameters() if not p.requires_grad}
 history = trainer.train()
 frozen_moved = [n for n, p in trainer.model.named_parameters() if not p.requires_grad
                 and not torch.equal(p.to_local() if hasattr(p, "to_local") else p.detach(),
                                     frozen_before[n])]
 rank = dist.get_rank() if dist.is_initialized() else 0
 if rank == 0:
-    torch.save({{"pushed": sync.pushed, "frozen_moved": frozen_moved,
-                "dtypes": sorted({{str(p.dtype) + ("/train" if p.requires_grad else "/frozen")
-                                  for p in trainer.model.parameters()}}),
+    torch.save({"pushed": sync.pushed, "frozen_moved": frozen_moved,
+                "dtypes": sorted({str(p.dtype) + ("/train" if p.requires_grad else "/frozen")
+                                  for p in trainer.model.parameters()}),
                 "sharded": sum(hasattr(p, "to_local") for p in trainer.model.parameters()),
-                "units": sum(type(m).__name__.startswith("FSDP") for m in trainer.model.modules())}},
-               {out!r} + "/pushed.pt")
-    json.dump(history, open({out!r} + "/history.json", "w"))
+                "units": sum(type(m).__name__.startswith("FSDP") for m in trainer.model.modules())},
+               OUT + "/pushed.pt")
+    json.dump(history, open(OUT + "/history.json", "w"))
     print("ranks", dist.get_world_size() if dist.is_initialized() else 1)
 if dist.is_initialized():
     dist.destroy_process_group()
 """
 
 
-def _run(tmp_path: Path, nproc: int, dtype: str = "float32",
-         timeout: float = 500) -> tuple[list[dict], dict, Path]:
+def _run(tmp_path: Path, nproc: int, dtype: str = "float32") -> tuple[list[dict], dict, Path]:
     out = tmp_path / f"n{nproc}-{dtype}"
-    out.mkdir()
-    script = out / "train.py"
-    script.write_text(SCRIPT.format(repo=str(REPO), out=str(out), dtype=dtype))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, str(script)] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-        str(nproc), str(script)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stdout, stderr = "", f"still running after {timeout} s (hung)"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    assert f"ranks {nproc}" in stdout
+    rc, text = run_ranks(f"DTYPE = {dtype!r}\n" + SCRIPT, out, nproc=nproc, timeout=500)
+    assert rc == 0, text[-6000:]
+    assert f"ranks {nproc}" in text
     return json.loads((out / "history.json").read_text()), torch.load(out / "pushed.pt"), out
 
 
