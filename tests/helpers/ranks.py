@@ -1,7 +1,8 @@
 """Run a script on N CPU ranks under torchrun (gloo) and collect what it wrote.
 
-Shared by the start-up, checkpoint and LoRA-under-FSDP tests. The script runs in a session of its own,
-so a hang is killed with all of torchrun's workers, and the caller sees which rank said what.
+Shared by the start-up, checkpoint and LoRA-under-FSDP tests. The script runs in a session of
+its own, so a hang is killed with all of torchrun's workers, and the caller sees which rank said
+what.
 """
 
 from __future__ import annotations
