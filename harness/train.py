@@ -70,7 +70,7 @@ from harness.shared.run_config import (
 from harness.shared.run_dir import RunDirError, check_run_dir, fresh_run_dir, prepare_run_dir
 from harness.shared.run_records import RecordingFactory, split_trained, summary_tables
 
-__all__ = ["main", "run_training", "weight_links"]
+__all__ = ["main", "rendezvous_address", "run_training", "weight_links"]
 
 log = logging.getLogger("harness.train")
 HARNESS_NAMES = {"opencode": "opencode", "claude-code": "claude-code", "codex": "codex",
@@ -213,11 +213,24 @@ def weight_links(engine_url: str, backend: str | None, capture: Any, *,
     from trainer.weight_sync import FanOutWeightSync, VLLMWeightSync
 
     if len(urls) == 1:
-        sync = VLLMWeightSync(urls[0], backend, on_version=capture.set_weight_version)
+        sync = VLLMWeightSync(urls[0], backend, on_version=capture.set_weight_version,
+                              master_address=rendezvous_address(urls[0]))
         return {"weight_sync": sync, "on_version": None}
-    fanout = FanOutWeightSync([VLLMWeightSync(u, backend) for u in urls],
-                              on_version=capture.set_weight_version)
+    fanout = FanOutWeightSync([VLLMWeightSync(u, backend, master_address=rendezvous_address(u))
+                               for u in urls], on_version=capture.set_weight_version)
     return {"weight_sync": fanout, "on_version": None}
+
+
+def rendezvous_address(engine_url: str) -> str:
+    """Where the trainer hosts the weight-transfer group for the engine at `engine_url`: its own
+    address on the route to that engine, which the engine's workers connect back to. The
+    default, 127.0.0.1, only ever worked with the engine on this host (found by the multi-host
+    rehearsal, examples/multi_host/rehearse.py)."""
+    from urllib.parse import urlsplit
+
+    from launchers.net import address_toward
+
+    return address_toward(urlsplit(engine_url).hostname or "127.0.0.1")
 
 
 def join_ranks(config: Any) -> None:
