@@ -265,6 +265,7 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
 
     from transformers.utils import logging as transformers_logging
 
+    from harness.client.engine_busy import collect_engine_busy
     from harness.client.remote import ServicePool
     from trainer.grpo import HarnessAsyncGRPOTrainer
     from trainer.rewards import RewardFunc
@@ -313,13 +314,15 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
                 reward_funcs=reward_funcs, **links,
             )
             timings["trainer_setup_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
+            t0, wall0 = time.perf_counter(), time.time()
             try:
                 history = trainer.train()
             finally:
                 timings["training_s"] = time.perf_counter() - t0
                 for f in made:
                     f.close()
+            # Before the "after" evaluation adds calls of its own (harness.client.engine_busy).
+            engine_busy = collect_engine_busy(pool, wall0, time.time())
             before_after = learning.after()  # the engine now serves the last pushed weights
             # ...which the after side must have sampled, and the before side version 0.
             weight_problems = [] if weight_sync is None else learning.record_weights(
@@ -340,6 +343,9 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         console.print(f"{len(ahead)} more rollouts finished for a step that never ran: "
                       "recorded in rollouts.jsonl, not trained, not counted above")
     learning.curve(history)
+    console.print("[bold]engine busy[/] (share of training time with a call in flight) " + ", ".join(
+        f"{url} {e['busy_fraction']:.0%}" for url, e in engine_busy["engines"].items()
+        if e["busy_fraction"] is not None))
     summary = {
         "rollouts": len(records),
         "rollouts_not_trained": len(ahead),
@@ -348,6 +354,7 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         "reward_mean_per_step": [m.get("reward/mean") for m in history],
         "tokens_trained": sum(m.get("tokens/trained", 0.0) for m in history),
         "timings": timings,
+        "engine_busy": engine_busy,
         "before_after": before_after and {k: before_after[k] for k in (
             "before_pass_rate", "after_pass_rate", "change_points")},
         "output_dir": str(run_dir),
