@@ -91,3 +91,43 @@ def test_a_proxy_whose_intervals_start_late_moves_the_window_start():
     metrics = {"http://s1": _service({"http://a": [[5, 7]]}, since=5.0)}
     engine = engine_busy(metrics, 0.0, 10.0)["engines"]["http://a"]
     assert engine["window_start"] == 5.0 and engine["busy_fraction"] == pytest.approx(0.4)
+
+
+def test_the_engine_client_counts_whole_and_streamed_calls_until_their_end():
+    # Against the fake engine: a whole reply is busy until it is read, a stream until it is
+    # released, and a refused call ends at once; nothing stays in flight afterwards.
+    import asyncio
+    import socket
+
+    import orjson
+
+    from capture.errors import EngineUnreachable
+    from capture.fake_engine import FakeEngine
+    from capture.upstream import EngineClient
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def run() -> None:
+        with FakeEngine() as fake:
+            engine = EngineClient(fake.url)
+            await engine.complete(orjson.dumps(chat))
+            assert engine.busy.in_flight == 0
+            stream = await engine.open_stream(orjson.dumps({**chat, "stream": True}))
+            assert engine.busy.in_flight == 1  # open until released
+            _ = [c async for batch in stream.batches() for c in batch]
+            await stream.aclose()
+            await stream.aclose()  # a second release ends nothing more
+            report = engine.busy.report()
+            assert (report["calls"], report["in_flight"]) == (2, 0)
+            assert len(report["intervals"]) == 2 and report["busy_s"] > 0
+            await engine.aclose()
+        with socket.socket() as sock:  # a port nobody listens on
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        gone = EngineClient(f"http://127.0.0.1:{port}")
+        with pytest.raises(EngineUnreachable):
+            await gone.open_stream(orjson.dumps({**chat, "stream": True}))
+        assert (gone.busy.calls, gone.busy.in_flight) == (1, 0)
+        await gone.aclose()
+
+    asyncio.run(run())

@@ -197,11 +197,12 @@ def gloo_address(host: str) -> str | None:
     """The address this rank's gloo pairs listen on, for a group whose store is at `host`.
 
     Gloo's default is the address the machine's hostname resolves to, which need not be one the
-    other ranks can reach: 127.0.1.1 on many hosts, or (measured in the multi-host rehearsal,
-    examples/multi_host) the host's main address while the process runs in a network namespace
-    that does not hold it, where the group never formed. The address on the route to the store's
-    host is reachable from it by construction (127.0.0.1 for a loopback store). None:
-    `GLOO_SOCKET_IFNAME` is set, and gloo's own choice of that interface stands.
+    other ranks can reach. Measured in the multi-host rehearsal's namespaces (examples/multi_host;
+    the hostname resolves to 127.0.0.1 through /etc/hosts, as on many machines): every rank
+    advertised 127.0.0.1 and the group never formed ("Gloo connectFullMesh failed ... Connection
+    refused, remote=[127.0.0.1]"). The address on the route to the store's host is reachable
+    from it by construction (127.0.0.1 for a loopback store). None: `GLOO_SOCKET_IFNAME` is set,
+    and gloo's own choice of that interface stands.
     """
     if os.environ.get("GLOO_SOCKET_IFNAME"):
         return None
