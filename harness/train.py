@@ -224,8 +224,9 @@ def weight_links(engine_url: str, backend: str | None, capture: Any, *,
 def rendezvous_address(engine_url: str) -> str:
     """Where the trainer hosts the weight-transfer group for the engine at `engine_url`: its own
     address on the route to that engine, which the engine's workers connect back to. The
-    default, 127.0.0.1, only ever worked with the engine on this host (found by the multi-host
-    rehearsal, examples/multi_host/rehearse.py)."""
+    default, 127.0.0.1, only ever worked with the engine on this host: an engine elsewhere
+    reaches only itself there, and its workers wait out the group timeout (300 s) before the
+    push fails. examples/multi_host/rehearse.py runs the layout where that shows."""
     from urllib.parse import urlsplit
 
     from launchers.net import address_toward

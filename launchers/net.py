@@ -44,6 +44,7 @@ def address_toward(host: str, port: int = 9) -> str:
     """
     if is_loopback(host):
         return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((host, port))
+    family, _, _, _, peer = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.connect(peer)
         return sock.getsockname()[0]

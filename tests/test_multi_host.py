@@ -36,8 +36,8 @@ def test_the_readme_recipe_is_the_rehearsals_command_lines():
 
 def test_the_trainer_hosts_the_weight_rendezvous_on_its_address_toward_each_engine(
         monkeypatch):
-    # Found by the rehearsal: the trainer advertised 127.0.0.1, which an engine on another host
-    # reaches only itself by; its workers never joined the group.
+    # The trainer advertised 127.0.0.1, where an engine on another host reaches only itself:
+    # its workers could never join the group (the rehearsal's layout; read in the code).
     import launchers.net
     from harness.train import weight_links
 
@@ -61,8 +61,8 @@ def test_an_address_toward_loopback_is_loopback():
 
 def test_gloo_binds_the_address_on_the_route_to_the_store_unless_an_interface_is_named(
         monkeypatch):
-    # Found by the rehearsal: gloo's default device is the hostname's address, which a process
-    # in another network namespace (or on a host with several networks) may not hold.
+    # Measured in the rehearsal's namespaces: the hostname resolves to 127.0.0.1 here, so gloo's
+    # default device advertised 127.0.0.1 and the group never formed (connectFullMesh refused).
     import trainer.weight_sync.wire as wire
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
@@ -73,8 +73,8 @@ def test_gloo_binds_the_address_on_the_route_to_the_store_unless_an_interface_is
 
 
 def test_an_engine_binds_a_cluster_address_only_when_told_the_network_is_trusted(tmp_path):
-    # Found by the rehearsal: the engine refused every non-loopback host, so no trainer or
-    # proxy on another node could reach it. --trusted-network is the explicit opt-in.
+    # The engine refused every non-loopback host, so no trainer or proxy on another node could
+    # reach it (the recipe cannot run without it). --trusted-network is the explicit opt-in.
     from launchers.engine import Engine, EngineError
 
     with pytest.raises(EngineError, match="--trusted-network"):
@@ -93,9 +93,10 @@ def test_the_recipe_trains_across_five_hosts(tmp_path: Path):
         pytest.skip(f"the multi-host rehearsal needs network namespaces: {reason}")
     t0 = time.monotonic()
     report = rehearse(tmp_path / "rehearsal", steps=STEPS)
+    busy = report["summary"]["engine_busy"]
     print(f"rehearsal: {time.monotonic() - t0:.0f} s, engines ready after "
-          f"{report['ready_s']:.0f} s; engine_busy "
-          f"{json.dumps(report['summary']['engine_busy'], default=str)[:400]}")
+          f"{report['ready_s']:.0f} s, training {busy['window_s']:.1f} s; engine busy: "
+          + json.dumps({u: (e["busy_fraction"], e["calls"]) for u, e in busy["engines"].items()}))
     summary = report["summary"]
     assert summary["steps"] == STEPS, summary
     # Every version reached both engines: each serves the last one.

@@ -95,20 +95,42 @@ def render_recipe() -> str:
 
 
 def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode:
+        raise subprocess.CalledProcessError(done.returncode, ["ip", *args], done.stdout,
+                                            done.stderr)
+
+
+def _free_subnet() -> str:
+    """10.A.B (A in 200..249) that no address of this host is in: a rehearsal killed before its
+    teardown leaves its bridge, and two bridges on one subnet would mix their routes."""
+    taken = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+    while True:
+        net = f"10.{200 + secrets.randbelow(50)}.{1 + secrets.randbelow(250)}"
+        if f" {net}." not in taken:
+            return net
 
 
 def netns_unavailable() -> str | None:
     """Why network namespaces cannot be made here (not root, no `ip`, refused), or None."""
-    probe = f"hprobe{secrets.token_hex(3)}"
+    probe = f"hp{secrets.token_hex(3)}"
+    steps = [(("netns", "add", probe), ("netns", "del", probe)),
+             (("link", "add", f"{probe}b", "type", "bridge"), ("link", "del", f"{probe}b")),
+             (("link", "add", f"{probe}v", "type", "veth", "peer", "name", "eth0", "netns", probe),
+              ("link", "del", f"{probe}v"))]
+    undo: list[tuple[str, ...]] = []
     try:
-        _ip("netns", "add", probe)
+        for make, unmake in steps:
+            _ip(*make)
+            undo.append(unmake)
     except FileNotFoundError:
         return "the `ip` command (iproute2) is not installed"
     except subprocess.CalledProcessError as exc:
-        return f"`ip netns add` is not permitted here: {exc.stderr.strip()}"
-    with contextlib.suppress(subprocess.CalledProcessError):
-        _ip("netns", "del", probe)
+        return f"`ip {' '.join(exc.cmd[1:3])}` is not permitted here: {exc.stderr.strip()}"
+    finally:
+        for args in reversed(undo):
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _ip(*args)
     return None
 
 
@@ -118,7 +140,7 @@ class Hosts:
     def __init__(self, logs: Path) -> None:
         self.tag = secrets.token_hex(3)
         self.bridge = f"hb{self.tag}"
-        net = f"10.{200 + secrets.randbelow(50)}.{1 + secrets.randbelow(250)}"
+        net = _free_subnet()
         self.gateway = f"{net}.1"
         self.addr = {role: f"{net}.{i + 2}" for i, role in enumerate(ROLES)}
         self.logs = logs
@@ -265,7 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out or f"runs/multi-host-rehearsal-{time.strftime('%Y%m%d-%H%M%S')}")
     report = rehearse(out.resolve(), steps=args.steps)
-    print(json.dumps({k: report.get(k) for k in ("addresses", "engines", "run_s")}, indent=1))
+    summary = report.get("summary") or {}
+    print(json.dumps({**{k: report.get(k) for k in ("addresses", "engines", "ready_s", "run_s")},
+                      "steps": summary.get("steps"), "engine_busy": {
+                          url: engine["busy_fraction"] for url, engine in
+                          (summary.get("engine_busy") or {}).get("engines", {}).items()}},
+                     indent=1))
     print(f"report: {out / 'rehearsal.json'}")
     return 0
 
