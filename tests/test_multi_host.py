@@ -118,3 +118,30 @@ def test_the_recipe_trains_across_five_hosts(tmp_path: Path):
     assert set(busy["engines"]) == set(calls) and not busy["unreachable"], busy
     for engine in busy["engines"].values():
         assert 0.0 <= engine["busy_fraction"] <= 1.0, busy
+
+
+def test_a_failed_rehearsal_leaves_no_namespace_bridge_or_process(tmp_path, monkeypatch):
+    # Engine A "fails to start" (exits 1) while the others run: the rehearsal must raise with
+    # its log and remove everything it made. No vLLM here: a few seconds.
+    import subprocess
+
+    import examples.multi_host.rehearse as rehearsal
+
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(f"the multi-host rehearsal needs network namespaces: {reason}")
+    marker = f"{time.time_ns() % 10**6}.5"  # a sleep no one else runs
+    fake = {role: ["sleep", marker] for role in rehearsal.ROLES}
+    fake["engine-a"] = ["sh", "-c", "echo engine A cannot start; exit 1"]
+    monkeypatch.setattr(rehearsal, "recipe", lambda addr, out, steps=None: fake)
+
+    with pytest.raises(RuntimeError, match="engine A cannot start"):
+        rehearsal.rehearse(tmp_path / "r", ready_timeout_s=30)
+    tag = json.loads((tmp_path / "r" / "rehearsal.json").read_text())["tag"]
+
+    def listing(*argv: str) -> str:
+        return subprocess.run(argv, capture_output=True, text=True).stdout
+
+    assert f"sleep {marker}" not in listing("ps", "-eo", "args"), "a host's process survived"
+    assert f"h{tag}-" not in listing("ip", "netns", "list"), "a namespace survived"
+    assert f"hb{tag}" not in listing("ip", "-o", "link"), "the bridge survived"

@@ -225,7 +225,7 @@ def rehearse(out: Path, *, steps: int = 2, ready_timeout_s: float = 1200.0,
     key = secrets.token_urlsafe(24)
     hosts = Hosts(logs)
     cmds = recipe(hosts.addr, str(out / "run"), steps=steps)
-    report: dict = {"addresses": hosts.addr, "commands": cmds}
+    report: dict = {"tag": hosts.tag, "addresses": hosts.addr, "commands": cmds}
     t0 = time.monotonic()
     try:
         hosts.up()
