@@ -105,9 +105,10 @@ class EnginePool:
         return [m.client.engine_url for m in self.members if m.out is None]
 
     def describe(self) -> list[dict[str, object]]:
-        """Each engine's URL, pinned sessions and why it left (None: live), for /health."""
-        return [{"url": m.client.engine_url, "sessions": m.sessions, "out": m.out}
-                for m in self.members]
+        """Each engine's URL, pinned sessions, why it left (None: live), and its busy clock
+        (capture.busy: calls, busy intervals), for the service's /metrics."""
+        return [{"url": m.client.engine_url, "sessions": m.sessions, "out": m.out,
+                 "busy": m.client.busy.report()} for m in self.members]
 
     # -- placement ------------------------------------------------------------------------------
     def engine_for(self, session_id: str) -> EngineClient:

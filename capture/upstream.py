@@ -52,6 +52,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from yarl import URL
 
+from .busy import BusyClock
 from .errors import (
     EngineDisconnected,
     EngineHTTPError,
@@ -132,6 +133,9 @@ class EngineClient:
         # Told of every transport failure (refused, dropped, silent), translated: how an
         # EnginePool (capture.engines) hears that an engine may be gone. None: nobody listens.
         self.on_failure: Callable[[EngineClient, UpstreamError], None] | None = None
+        # Chat completions in flight and the time with at least one (capture.busy): the
+        # engine-busy fraction a run reports.
+        self.busy = BusyClock()
 
     def _failed(self, exc: BaseException) -> UpstreamError:
         """`exc` translated (the one mapping, `_translate`), after telling `on_failure`."""
@@ -191,7 +195,11 @@ class EngineClient:
 
     async def complete_raw(self, body: bytes) -> bytes:
         """A non-streaming chat completion's reply bytes, unparsed (the bench's bare relay)."""
-        return await self._read("POST", self._chat_url, body)
+        self.busy.begin()
+        try:
+            return await self._read("POST", self._chat_url, body)
+        finally:
+            self.busy.end()
 
     async def _read(self, method: str, url: URL, body: bytes | None = None) -> bytes:
         """A whole reply's body; a non-200 status is an EngineHTTPError."""
@@ -210,12 +218,17 @@ class EngineClient:
         """Start a streaming chat completion (a dict, or its JSON already written); raises before
         any byte reaches the agent on error."""
         body = chat if isinstance(chat, bytes) else dumps(chat)
+        self.busy.begin()  # ended by the stream's release(), or below if there is no stream
         try:
             async with asyncio.timeout(self.timeout_s):
                 response = await self._session().post(self._chat_url, data=body, headers=_JSON)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise self._failed(exc) from exc
+        except BaseException as exc:
+            self.busy.end()
+            if isinstance(exc, TimeoutError | aiohttp.ClientError | OSError):
+                raise self._failed(exc) from exc
+            raise
         if response.status != 200:
+            self.busy.end()
             try:
                 content = await response.read()
             except (TimeoutError, aiohttp.ClientError, OSError):
@@ -276,6 +289,7 @@ class EngineStream:
         self._waiting_since: float | None = None  # loop time a read began, while one is waited on
         self._silent = False
         self._watchdog: asyncio.TimerHandle | None = None
+        self._busy = client.busy if client is not None else None  # ended once, at release
 
     def _watch(self, task: asyncio.Task[Any]) -> None:
         """The read timeout: one timer per stream that moves its own deadline. Only time spent
@@ -366,6 +380,9 @@ class EngineStream:
         # A finished stream's connection goes back to the pool; an unfinished one is closed (its
         # remaining bytes are unknown, and closing it is how vLLM hears to stop generating).
         self._response.release()
+        busy, self._busy = self._busy, None
+        if busy is not None:
+            busy.end()
 
 
 def _error_body(content: bytes) -> Any:

@@ -70,7 +70,7 @@ from harness.shared.run_config import (
 from harness.shared.run_dir import RunDirError, check_run_dir, fresh_run_dir, prepare_run_dir
 from harness.shared.run_records import RecordingFactory, split_trained, summary_tables
 
-__all__ = ["main", "run_training", "weight_links"]
+__all__ = ["main", "rendezvous_address", "run_training", "weight_links"]
 
 log = logging.getLogger("harness.train")
 HARNESS_NAMES = {"opencode": "opencode", "claude-code": "claude-code", "codex": "codex",
@@ -213,11 +213,25 @@ def weight_links(engine_url: str, backend: str | None, capture: Any, *,
     from trainer.weight_sync import FanOutWeightSync, VLLMWeightSync
 
     if len(urls) == 1:
-        sync = VLLMWeightSync(urls[0], backend, on_version=capture.set_weight_version)
+        sync = VLLMWeightSync(urls[0], backend, on_version=capture.set_weight_version,
+                              master_address=rendezvous_address(urls[0]))
         return {"weight_sync": sync, "on_version": None}
-    fanout = FanOutWeightSync([VLLMWeightSync(u, backend) for u in urls],
-                              on_version=capture.set_weight_version)
+    fanout = FanOutWeightSync([VLLMWeightSync(u, backend, master_address=rendezvous_address(u))
+                               for u in urls], on_version=capture.set_weight_version)
     return {"weight_sync": fanout, "on_version": None}
+
+
+def rendezvous_address(engine_url: str) -> str:
+    """Where the trainer hosts the weight-transfer group for the engine at `engine_url`: its own
+    address on the route to that engine, which the engine's workers connect back to. The
+    default, 127.0.0.1, only ever worked with the engine on this host: an engine elsewhere
+    reaches only itself there, and its workers wait out the group timeout (300 s) before the
+    push fails. examples/multi_host/rehearse.py runs the layout where that shows."""
+    from urllib.parse import urlsplit
+
+    from launchers.net import address_toward
+
+    return address_toward(urlsplit(engine_url).hostname or "127.0.0.1")
 
 
 def join_ranks(config: Any) -> None:
@@ -252,6 +266,7 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
 
     from transformers.utils import logging as transformers_logging
 
+    from harness.client.engine_busy import collect_engine_busy
     from harness.client.remote import ServicePool
     from trainer.grpo import HarnessAsyncGRPOTrainer
     from trainer.rewards import RewardFunc
@@ -300,13 +315,15 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
                 reward_funcs=reward_funcs, **links,
             )
             timings["trainer_setup_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
+            t0, wall0 = time.perf_counter(), time.time()
             try:
                 history = trainer.train()
             finally:
                 timings["training_s"] = time.perf_counter() - t0
                 for f in made:
                     f.close()
+            # Before the "after" evaluation adds calls of its own (harness.client.engine_busy).
+            engine_busy = collect_engine_busy(pool, wall0, time.time())
             before_after = learning.after()  # the engine now serves the last pushed weights
             # ...which the after side must have sampled, and the before side version 0.
             weight_problems = [] if weight_sync is None else learning.record_weights(
@@ -327,6 +344,9 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         console.print(f"{len(ahead)} more rollouts finished for a step that never ran: "
                       "recorded in rollouts.jsonl, not trained, not counted above")
     learning.curve(history)
+    console.print("[bold]engine busy[/] (share of training time with a call in flight) " + ", ".join(
+        f"{url} {e['busy_fraction']:.0%}" for url, e in engine_busy["engines"].items()
+        if e["busy_fraction"] is not None))
     summary = {
         "rollouts": len(records),
         "rollouts_not_trained": len(ahead),
@@ -335,6 +355,7 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         "reward_mean_per_step": [m.get("reward/mean") for m in history],
         "tokens_trained": sum(m.get("tokens/trained", 0.0) for m in history),
         "timings": timings,
+        "engine_busy": engine_busy,
         "before_after": before_after and {k: before_after[k] for k in (
             "before_pass_rate", "after_pass_rate", "change_points")},
         "output_dir": str(run_dir),

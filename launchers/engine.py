@@ -35,7 +35,11 @@ Who may call it: with $HARNESS_ENGINE_API_KEY (or `api_key=`) the engine wants t
 capture proxy (capture.upstream) and weight sync (trainer.weight_sync.client) send it from the
 same variable. vLLM 0.32 checks the key on /v1/* only, never on the dev-mode routes (/pause,
 /update_weights, /collective_rpc...; vllm/entrypoints/serve/middleware/authenticate.py), so with
-dev mode on the engine binds loopback only: any other host is refused before vLLM starts.
+dev mode on the engine binds loopback only: any other host is refused before vLLM starts, unless
+`--trusted-network` says that every host that can reach the address may replace the weights.
+That is the multi-node layout (README "Several hosts"): the trainer pushes weights from its own
+host and the rollout services' proxies call the engine from theirs, so the engine must listen on
+the cluster's private network; keep that network closed to everything else.
 
 The engine is started with `start_new_session` so it owns a process group: stop() kills the whole
 group (the API server and its engine-core children), and so does the death of the parent: the API
@@ -199,11 +203,12 @@ class Engine:
         tensor_parallel_size: int = 1,
         data_parallel_size: int = 1,
         lora_rank: int = 0,
+        trusted_network: bool = False,
     ) -> None:
         """`api_key`: the key the engine wants on its /v1 routes (default: $HARNESS_ENGINE_API_KEY;
-        none: no key). `host` must be loopback: the dev-mode routes take no key (module doc).
-        `tensor_parallel_size` / `data_parallel_size`: vLLM's (module doc)."""
-        if not is_loopback(host):
+        none: no key). `host` must be loopback unless `trusted_network`: the dev-mode routes take
+        no key (module doc). `tensor_parallel_size` / `data_parallel_size`: vLLM's (module doc)."""
+        if not is_loopback(host) and not trusted_network:
             raise EngineError(_public_host_refusal(host))
         for name, size in (("tensor_parallel_size", tensor_parallel_size),
                            ("data_parallel_size", data_parallel_size)):
@@ -395,7 +400,9 @@ def _public_host_refusal(host: str) -> str:
     return (f"the engine cannot bind {host!r}: it runs with VLLM_SERVER_DEV_MODE=1 (weight "
             "sync's /pause, /update_weights, /collective_rpc ...), and vLLM 0.32 does not guard "
             "those routes with --api-key, so anyone reaching the port could replace the "
-            "weights. Bind 127.0.0.1 and reach it through the capture proxy, or an SSH tunnel.")
+            "weights. Bind 127.0.0.1 and reach it through the capture proxy, or an SSH tunnel; "
+            "or, on a private cluster network where every host is yours (the trainer and the "
+            "rollout services on other nodes), add --trusted-network.")
 
 
 def _interrupt(*_: object) -> None:
@@ -411,7 +418,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launchers.engine", description=main.__doc__)
     parser.add_argument("--model", help="HF model dir or hub id (default: the tiny model)")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="loopback only: the dev-mode routes take no API key")
+                        help="loopback unless --trusted-network: the dev-mode routes take no "
+                             "API key")
+    parser.add_argument("--trusted-network", action="store_true",
+                        help="allow a non-loopback --host: every host that reaches it may "
+                             "replace the weights (a private cluster network; module doc)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default="tiny")
     parser.add_argument("--weight-transfer-backend", choices=["nccl", "harness_gloo"],
@@ -427,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "training run's --lora-rank; 0: off)")
     parser.add_argument("--log", help="log file (default: a temp file)")
     args, extra = parser.parse_known_args(argv)
-    if not is_loopback(args.host):  # before any model is fetched
+    if not is_loopback(args.host) and not args.trusted_network:  # before any model is fetched
         parser.exit(2, f"error: {_public_host_refusal(args.host)}\n")
     try:
         model = resolve_model(args.model)  # a hub id is downloaded once, here, then served locally
@@ -440,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         max_model_len=args.max_model_len, log_path=args.log, extra_args=extra,
                         tensor_parallel_size=args.tensor_parallel_size,
                         data_parallel_size=args.data_parallel_size,
-                        lora_rank=args.lora_rank)
+                        lora_rank=args.lora_rank, trusted_network=args.trusted_network)
     except EngineError as exc:
         parser.exit(2, f"error: {exc}\n")
     signal.signal(signal.SIGTERM, _interrupt)  # a TERM stops the engine like Ctrl-C does

@@ -51,6 +51,10 @@ def check_run_dir(out: Path) -> dict:
     metrics = [json.loads(line) for line in (out / "trainer" / "metrics.jsonl").read_text().splitlines()]
     assert metrics, "the trainer wrote no metrics"
     assert any((out / "trainer").glob("checkpoint-*")), "no checkpoint written"
+    # The one engine served every call; its busy share of the training time is a fraction.
+    busy = summary["engine_busy"]
+    assert len(busy["engines"]) == 1 and not busy["unreachable"], busy
+    assert all(0.0 <= e["busy_fraction"] <= 1.0 for e in busy["engines"].values()), busy
     return summary
 
 

@@ -24,6 +24,7 @@ leaves the group unusable; callers tear it down and open a new one.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,7 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from launchers.net import is_loopback
+from launchers.net import address_toward
 
 __all__ = [
     "ALIGN_BYTES",
@@ -41,6 +42,7 @@ __all__ = [
     "chunk_sizes",
     "dtype_from_name",
     "dtype_name",
+    "gloo_address",
     "open_gloo_group",
     "pack_chunk",
     "plan_chunks",
@@ -191,14 +193,29 @@ class GlooGroup:
                 backend.shutdown()
 
 
+def gloo_address(host: str) -> str | None:
+    """The address this rank's gloo pairs listen on, for a group whose store is at `host`.
+
+    Gloo's default is the address the machine's hostname resolves to, which need not be one the
+    other ranks can reach. Measured in the multi-host rehearsal's namespaces (examples/multi_host;
+    the hostname resolves to 127.0.0.1 through /etc/hosts, as on many machines): every rank
+    advertised 127.0.0.1 and the group never formed ("Gloo connectFullMesh failed ... Connection
+    refused, remote=[127.0.0.1]"). The address on the route to the store's host is reachable
+    from it by construction (127.0.0.1 for a loopback store). None: `GLOO_SOCKET_IFNAME` is set,
+    and gloo's own choice of that interface stands.
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    return address_toward(host)
+
+
 def open_gloo_group(
     host: str, port: int, rank: int, world_size: int, timeout_s: float
 ) -> GlooGroup:
     """Join (rank > 0) or host (rank 0) the weight-sync group. Blocks until all ranks have joined.
 
-    Rank 0 listens on `host:port`. On a loopback host every rank binds gloo to 127.0.0.1 (the
-    machine's hostname may resolve to an address nobody listens on); otherwise gloo picks the
-    interface the usual way (`GLOO_SOCKET_IFNAME`, else the hostname's address).
+    Rank 0 listens on `host:port`. Every rank binds gloo to its own address on the route to
+    `host` (`gloo_address`), unless `GLOO_SOCKET_IFNAME` names the interface.
     """
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(
@@ -207,9 +224,8 @@ def open_gloo_group(
     prefixed = dist.PrefixStore(_STORE_PREFIX, store)
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
-    if is_loopback(host):
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-    else:
-        options._devices = [dist.ProcessGroupGloo.create_default_device()]
+    address = gloo_address(host)
+    options._devices = [dist.ProcessGroupGloo.create_default_device() if address is None
+                        else dist.ProcessGroupGloo.create_device(hostname=address)]
     backend = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
     return GlooGroup(backend, store, rank, world_size)
