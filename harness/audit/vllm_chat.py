@@ -116,8 +116,11 @@ def vllm_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
                 for call in calls
             ]
-        # vLLM reads `reasoning` only: a `reasoning_content` in the history is not rendered
+        # vLLM's request validator renames `reasoning_content` to `reasoning` when `reasoning` is
+        # absent (ChatCompletionRequest._normalize_messages_before); the template gets both names
         reasoning = message.get("reasoning")
+        if reasoning is None:
+            reasoning = message.get("reasoning_content")
         if role == "assistant" and isinstance(reasoning, str):
             rendered["reasoning"] = rendered["reasoning_content"] = reasoning
         for key in ("tool_call_id", "name"):
