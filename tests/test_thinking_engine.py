@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.shared.run_records import reasoning_tokens, trace_joins
 from launchers.engine import Engine
 from launchers.thinking_model import THINKING_MODEL, model_reasoning_parser
 from launchers.tiny_model import TINY_MODEL_NAME
@@ -233,3 +234,9 @@ def test_reasoning_travels_in_each_dialects_form_and_back_in_the_field_the_engin
     assert stats["joins"] == {"extended": 0, "branched": 0, "rewritten": 2, "new_root": 1}, stats
     assert [t["metadata"]["join"] for t in turns] == ["new_root", "rewritten", "rewritten"]
     assert stats["unplaced"] == 0
+    trace = json.loads(proxy.trace_json(info.session_id))
+    assert trace_joins(trace) == stats["joins"]
+    # vLLM's usage counts the reasoning tokens (harness.eval reports their sum)
+    first = reasoning_tokens({"turns": turns[:1]})
+    assert 0 < first < len(turns[0]["completion_token_ids"])  # all but the stop token, or fewer
+    assert reasoning_tokens(trace) >= first

@@ -34,6 +34,7 @@ import httpx
 import pytest
 
 from harness.audit.scripted_engine import ScriptedEngine, tool_call
+from harness.shared.run_records import joins_by_agent, trace_joins
 from launchers.thinking_model import THINKING_MODEL
 from tests.helpers.tools import BASH_DESCRIBED_TOOLS as TOOLS
 from trainer.prefix_tree import pack_tree
@@ -116,6 +117,10 @@ def test_reasoning_stripped_at_every_user_turn_trains_each_call_once_in_its_own_
     assert len(rows) == T  # every call's prompt dropped the thinking its parent sampled
     assert stats["joins"] == {"extended": 0, "branched": 0, "rewritten": T - 1, "new_root": 1}
     assert stats["unplaced"] == 0  # rewritten histories of the same task: placed, trained
+    # the run's records count the same from the trace alone (summary.json's `joins`)
+    assert trace_joins(trace) == stats["joins"]
+    assert joins_by_agent([{"joins": trace_joins(trace)}] * 2, "mini-swe-agent") == {
+        "mini-swe-agent": {"extended": 0, "branched": 0, "rewritten": 2 * (T - 1), "new_root": 2}}
 
     # Bench: what training these rows costs, dense against prefix-shared.
     _, tree = pack_tree(rows, [row.loss_mask for row in rows], [1.0] * len(rows),
