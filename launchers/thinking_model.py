@@ -109,14 +109,40 @@ THINKING_CHAT_TEMPLATE = (
 )
 
 
+# A hub model says it thinks by its chat template; which vLLM parser reads its output depends on
+# its family, by config.json's model_type. Qwen3's thinking templates (hybrid and -Thinking-2507)
+# render `</think>` and compute `last_query_index` (where earlier reasoning stops being rendered);
+# the tiny model's own template renders `</think>` too but never drops reasoning, and it does not
+# think. Only families whose parser was read in vllm/reasoning/__init__.py are listed; another
+# thinking model needs a harness.json.
+_PARSER_BY_MODEL_TYPE = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_next": "qwen3"}
+
+
+def _chat_template(model_dir: Path) -> str:
+    path = model_dir / "chat_template.jinja"
+    if path.is_file():
+        return path.read_text()
+    config = model_dir / "tokenizer_config.json"
+    template = json.loads(config.read_text()).get("chat_template") if config.is_file() else None
+    return template if isinstance(template, str) else ""
+
+
 def model_reasoning_parser(model_dir: Path) -> str | None:
-    """The vLLM reasoning parser a model folder asks for in its harness.json, or None (a model
-    that does not think, a hub id, a folder without the file)."""
-    path = Path(model_dir) / HARNESS_CONFIG
-    if not path.is_file():
+    """The vLLM reasoning parser a model folder needs, or None for a model that does not think.
+
+    Its harness.json says so first (`reasoning_parser`); otherwise a Qwen3-style thinking template
+    (`</think>` and `last_query_index`) in a model family of `_PARSER_BY_MODEL_TYPE` (a Qwen3 snapshot) gets that family's
+    parser. A folder with neither gets None, and the engine starts as it always did."""
+    model_dir = Path(model_dir)
+    path = model_dir / HARNESS_CONFIG
+    if path.is_file():
+        parser = json.loads(path.read_text()).get("reasoning_parser")
+        return parser if isinstance(parser, str) and parser else None
+    config = model_dir / "config.json"
+    template = _chat_template(model_dir)
+    if not config.is_file() or "</think>" not in template or "last_query_index" not in template:
         return None
-    parser = json.loads(path.read_text()).get("reasoning_parser")
-    return parser if isinstance(parser, str) and parser else None
+    return _PARSER_BY_MODEL_TYPE.get(json.loads(config.read_text()).get("model_type"))
 
 
 def _sha256(path: Path) -> str:

@@ -4,7 +4,8 @@
         .venv/bin/python -m pytest tests/test_thinking_engine.py -q
 
 (reuses an engine serving models/tiny-qwen3-thinking as "tiny" with `--reasoning-parser qwen3`;
-without the variable the test starts one, ~1 min.)
+without the variable the test starts one, ~1 min, through launchers.engine, which adds the parser
+from the model folder's harness.json by itself.)
 
 What is checked, for each dialect the agents speak (chat: opencode, mini-swe-agent; Responses:
 Codex; Messages: Claude Code):
@@ -56,11 +57,10 @@ def thinking_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         httpx.get(f"{reuse.rstrip('/')}/health", timeout=5).raise_for_status()
         yield reuse.rstrip("/")
         return
-    parser = model_reasoning_parser(THINKING_MODEL)
-    assert parser == "qwen3"
+    assert model_reasoning_parser(THINKING_MODEL) == "qwen3"
     log = tmp_path_factory.mktemp("thinking-engine") / "vllm.log"
-    with Engine(THINKING_MODEL, served_model_name=TINY_MODEL_NAME, log_path=log,
-                extra_args=["--reasoning-parser", parser]) as running:
+    # no parser flag: the engine launcher reads it from the model folder (harness.json)
+    with Engine(THINKING_MODEL, served_model_name=TINY_MODEL_NAME, log_path=log) as running:
         yield running.url
 
 

@@ -127,3 +127,24 @@ def test_thinking_off_prefills_an_empty_think_block(tok):
 def test_harness_json_is_plain_json():
     assert json.loads((THINKING_MODEL / HARNESS_CONFIG).read_text()) == {
         "reasoning_parser": "qwen3"}
+
+
+def test_a_qwen3_snapshot_with_a_thinking_template_gets_the_qwen3_parser(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": THINKING_CHAT_TEMPLATE}))
+    assert model_reasoning_parser(tmp_path) == "qwen3"
+    # the same family with a template that does not think (Qwen3-Instruct-2507's kind): none
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    assert model_reasoning_parser(tmp_path) is None
+
+
+def test_the_engine_command_turns_the_parser_on_from_the_model_alone():
+    from launchers.engine import Engine
+
+    thinking = Engine(THINKING_MODEL).command(on_gpu=False)
+    assert thinking[thinking.index("--reasoning-parser") + 1] == "qwen3"
+    assert "--reasoning-parser" not in Engine(COMMITTED_MODEL).command(on_gpu=False)
+    # a parser given by hand is not given twice
+    chosen = Engine(THINKING_MODEL, extra_args=["--reasoning-parser", "deepseek_r1"])
+    assert chosen.command(on_gpu=False).count("--reasoning-parser") == 1
