@@ -25,9 +25,10 @@ How each retained call joined the rollout (`join_kinds`; the stats' `joins`, eac
 
     extended   the first child of its parent: the agent's next turn on the same tokens
     branched   a later child of a parent that already had one: a retry, a rewind, or a history
-               that re-renders to an earlier turn's prefix (opencode: when the reply's re-render
-               differs from the sampled tokens within the same assistant turn, the following calls
-               fall back to the last turn whose tokens still match)
+               whose re-render of an earlier reply differs from what was sampled, so the call
+               hangs off the last call whose completion did come back token for token (opencode's
+               calls 4-10 under turn 2: text before a tool call never round-trips through vLLM's
+               hermes parser and a Qwen-style template; tests/test_capture_joins.py)
     rewritten  a placed root that is not the main one: a rewritten history (a template that drops
                earlier reasoning across a user turn, a swapped system prompt, a compaction)
     new_root   the main root, an aux call's root (title, summary), or an unplaced root

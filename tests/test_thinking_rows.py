@@ -36,9 +36,9 @@ import pytest
 from harness.audit.scripted_engine import ScriptedEngine, tool_call
 from harness.shared.run_records import joins_by_agent, trace_joins
 from launchers.thinking_model import THINKING_MODEL
+from tests.helpers.rows_once import check_trained_once
 from tests.helpers.tools import BASH_DESCRIBED_TOOLS as TOOLS
 from trainer.prefix_tree import pack_tree
-from trainer.rows import trace_to_rows
 
 T = 8
 POLICY = {"temperature": 1.0, "max_tokens": 256}
@@ -83,25 +83,6 @@ def rollout(admin: Any, user_turn_at: set[int]) -> tuple[list[dict], dict]:
                              "content": output})
     trace = json.loads(admin.trace_json(info.session_id))
     return trace, admin.stats(info.session_id)
-
-
-def check_trained_once(trace: dict) -> list:
-    """The two properties of the module doc; returns the rows."""
-    turns = {t["node_id"]: t for t in trace["turns"]}
-    rows, report = trace_to_rows(trace, rollout_id="r")
-    assert not report.fatal
-    sampled = sum(len(t["completion_token_ids"]) for t in turns.values())
-    assert sum(row.n_trainable for row in rows) == sampled == report.sampled_tokens
-    assert sorted(n for row in rows for n in row.node_ids) == sorted(turns)  # each call once
-    for row in rows:
-        trained: list[int] = []
-        for node in row.node_ids:
-            turn = turns[node]
-            seen = turn["prompt_token_ids"] + turn["completion_token_ids"]
-            assert row.input_ids[:len(seen)] == seen, f"{node}: not the engine's tokens"
-            trained += turn["completion_token_ids"]
-        assert [t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m] == trained
-    return rows
 
 
 def test_reasoning_kept_between_tool_calls_chains_into_one_row(admin):
