@@ -11,14 +11,20 @@ from trainer.rows import Row, trace_to_rows
 
 def check_trained_once(trace: dict) -> list[Row]:
     """Assert, for one trace: (1) each row, up to the end of each call it holds, is exactly that
-    call's engine prompt + completion; (2) total trained tokens = total sampled, a row's trained
-    tokens are its calls' completions in order, every call is in exactly one row. Returns the
-    rows."""
+    call's engine prompt + completion; (2) total trained tokens = total sampled by agent calls
+    (aux calls, a title or a summary, are context only), a row's trained tokens are its calls'
+    completions in order, every call is in exactly one row. Returns the rows."""
     turns = {t["node_id"]: t for t in trace["turns"]}
     rows, report = trace_to_rows(trace, rollout_id="r")
     assert not report.fatal
+    for turn in turns.values():  # an agent turn trains every sampled token; an aux call none
+        mask = turn["loss_mask"][len(turn["prompt_token_ids"]):]
+        assert mask == [0 if turn["metadata"]["aux"] else 1] * len(turn["completion_token_ids"])
     sampled = sum(len(t["completion_token_ids"]) for t in turns.values())
-    assert sum(row.n_trainable for row in rows) == sampled == report.sampled_tokens
+    to_train = sum(len(t["completion_token_ids"]) for t in turns.values()
+                   if not t["metadata"]["aux"])
+    assert sum(row.n_trainable for row in rows) == to_train
+    assert report.sampled_tokens == sampled
     assert sorted(n for row in rows for n in row.node_ids) == sorted(turns)  # each call once
     for row in rows:
         trained: list[int] = []
@@ -26,6 +32,6 @@ def check_trained_once(trace: dict) -> list[Row]:
             turn = turns[node]
             seen = turn["prompt_token_ids"] + turn["completion_token_ids"]
             assert row.input_ids[:len(seen)] == seen, f"{node}: not the engine's tokens"
-            trained += turn["completion_token_ids"]
+            trained += [] if turn["metadata"]["aux"] else turn["completion_token_ids"]
         assert [t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m] == trained
     return rows
