@@ -93,6 +93,10 @@ def test_text_before_a_tool_call_that_does_not_round_trip_branches_from_the_last
     assert [t["metadata"]["parent_id"] for t in turns] == [None, ids[0], ids[0], ids[0], ids[3]]
     assert admin.stats(info.session_id)["joins"] == {
         "extended": 2, "branched": 2, "rewritten": 0, "new_root": 1}
+    # the viewer's turns carry the same word (harness/view/turns.py)
+    from harness.view.turns import turns_view
+
+    assert [t["join"] for t in turns_view(turns)] == [t["metadata"]["join"] for t in turns]
     rows = check_trained_once(trace)
     # the trainer starts a row wherever the prompt stops extending the last one: nothing twice
     assert [row.node_ids for row in rows] == [ids[:2], [ids[2]], ids[3:]]
