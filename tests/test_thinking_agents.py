@@ -28,11 +28,13 @@ import pytest
 
 from harness.audit.scripted_engine import ScriptedEngine, shell_call
 from launchers.thinking_model import THINKING_MODEL
+from tests.helpers.agent_cli import AGENT_RUNS, MINI_SUBMIT
 from tests.helpers.rows_once import check_trained_once
-from tests.test_capture_agents import COMMAND, FINAL, MINI_SUBMIT, TASK, _prepare, run_agent
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 
+COMMAND = "echo hello > hello.txt"
+FINAL = "Done: hello.txt holds hello."
 PLAN = "The task wants hello.txt; one echo writes it."
 DONE_PLAN = "The file is written; say so."
 
@@ -94,83 +96,13 @@ def check(engine: ScriptedEngine, admin: Any, info: Any, work: Path, output: str
     return found
 
 
-def _opencode(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
-    binary, info, home, work = _prepare(admin, tmp_path, "opencode", ".config/opencode")
-    config = {
-        "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
-        "model": "capture/tiny", "small_model": "capture/tiny",
-        "provider": {"capture": {"npm": "@ai-sdk/openai-compatible", "name": "capture",
-                                 "options": {"baseURL": info.base_urls["chat"],
-                                             "apiKey": info.secret},
-                                 "models": {"tiny": {"name": "tiny"}}}},
-        "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
-    }
-    path = home / ".config/opencode/opencode.json"
-    path.write_text(json.dumps(config))
-    output = run_agent([str(binary), "run", "-m", "capture/tiny", "--", TASK], home, work, {
-        "OPENCODE_CONFIG": str(path), "OPENCODE_DISABLE_AUTOUPDATE": "1",
-        "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-        "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
-        "OPENCODE_DISABLE_CLAUDE_CODE": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"})
-    return info, work, output
 
 
-def _claude(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
-    binary, info, home, work = _prepare(admin, tmp_path, "claude", ".claude")
-    (home / ".claude/.claude.json").write_text('{"hasCompletedOnboarding": true}\n')
-    env = {"ANTHROPIC_BASE_URL": info.base_urls["messages"], "ANTHROPIC_API_KEY": info.secret,
-           "CLAUDE_CONFIG_DIR": str(home / ".claude"), "IS_SANDBOX": "1",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-           "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
-    for var in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
-                "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
-                "CLAUDE_CODE_SUBAGENT_MODEL"):
-        env[var] = "tiny"
-    output = run_agent([str(binary), "-p", TASK, "--dangerously-skip-permissions",
-                        "--max-turns", "3", "--model", "tiny"], home, work, env)
-    return info, work, output
-
-
-def _codex(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
-    binary, info, home, work = _prepare(admin, tmp_path, "codex", ".codex")
-    (home / ".codex/config.toml").write_text("\n".join([
-        'model = "tiny"', 'model_provider = "capture"', 'approval_policy = "never"',
-        'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
-        "[model_providers.capture]", 'name = "capture"',
-        f"base_url = {json.dumps(info.base_urls['responses'])}",
-        'env_key = "CAPTURE_KEY"', 'wire_api = "responses"', "request_max_retries = 1",
-        "stream_max_retries = 1", ""]))
-    output = run_agent([str(binary), "exec", "--skip-git-repo-check",
-                        "--dangerously-bypass-approvals-and-sandbox", "-m", "tiny", "--", TASK],
-                       home, work, {"CAPTURE_KEY": info.secret, "CODEX_HOME": str(home / ".codex")})
-    return info, work, output
-
-
-def _mini(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
-    binary, info, home, work = _prepare(admin, tmp_path, "mini", ".config/mini-swe-agent")
-    config_path = home / ".config/mini-swe-agent/capture.yaml"
-    config_path.write_text(json.dumps({
-        "model": {"model_kwargs": {"api_base": info.base_urls["chat"], "api_key": info.secret,
-                                   "drop_params": True}},
-        "agent": {"step_limit": 3, "cost_limit": 0}}))
-    output = run_agent([str(binary), "-m", "openai/tiny", "-t", TASK, "--yolo",
-                        "--exit-immediately", "-c", "mini.yaml", "-c", str(config_path),
-                        "-o", str(home / "trajectory.json")], home, work, {
-        "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_CONFIGURED": "true",
-        "MSWEA_SILENT_STARTUP": "1", "MSWEA_GLOBAL_CONFIG_DIR": str(home / ".config/mini-swe-agent"),
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-    return info, work, output
-
-
-AGENTS = {"opencode": _opencode, "claude-code": _claude, "codex": _codex,
-          "mini-swe-agent": _mini}
-
-
-@pytest.mark.parametrize("agent", sorted(AGENTS))
+@pytest.mark.parametrize("agent", sorted(AGENT_RUNS))
 def test_agent_with_a_thinking_model_records_engine_ids_and_trains_each_token_once(
         agent: str, scripted, tmp_path: Path) -> None:
     engine, admin = scripted
     if agent == "mini-swe-agent":
         engine.script = thinking_task(COMMAND, final=None)  # it stops on its submit command
-    info, work, output = AGENTS[agent](admin, tmp_path)
+    info, work, output = AGENT_RUNS[agent](admin, tmp_path)
     check(engine, admin, info, work, output)
