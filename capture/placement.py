@@ -131,11 +131,14 @@ JOINS = ("extended", "branched", "rewritten", "new_root")
 def join_kinds(turns: Sequence[tuple[Node, str | None]], unplaced: set[str]) -> dict[str, str]:
     """node_id -> how it joined the rollout (one of JOINS; module doc), for the retained turns."""
     kinds: dict[str, str] = {}
+    retained = {node.node_id for node, _ in turns}
     main_root: str | None = None
     for node, aux_reason in turns:
         parent = node.parent
         if parent is not None:
-            first = parent.children[0] is node
+            # first among the retained: a retry nobody continued (dropped) does not make the
+            # one the agent went on with a branch
+            first = next(c for c in parent.children if c.node_id in retained) is node
             kinds[node.node_id] = "extended" if first else "branched"
         elif aux_reason is None and main_root is None:
             main_root = node.node_id

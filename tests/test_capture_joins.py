@@ -100,3 +100,34 @@ def test_text_before_a_tool_call_that_does_not_round_trip_branches_from_the_last
     rows = check_trained_once(trace)
     # the trainer starts a row wherever the prompt stops extending the last one: nothing twice
     assert [row.node_ids for row in rows] == [ids[:2], [ids[2]], ids[3:]]
+
+
+def test_a_retry_nobody_continued_does_not_make_the_continued_call_a_branch(tiny_model_path):
+    import itertools
+
+    from capture import CaptureClient, CaptureServer
+
+    replies = itertools.count()
+    with ScriptedEngine(tiny_model_path, lambda request: f"Reply {next(replies)}.") as engine, \
+            CaptureServer(engine.url) as proxy, \
+            CaptureClient(proxy.url, proxy.admin_key) as admin:
+        info = admin.create_session(sampling=POLICY)
+
+        def chat(messages: list[dict]) -> str:
+            answer = httpx.post(f"{info.base_urls['chat']}/chat/completions", timeout=60,
+                                headers={"authorization": f"Bearer {info.secret}"},
+                                json={"model": "tiny", "messages": messages})
+            assert answer.status_code == 200, answer.text
+            return answer.json()["choices"][0]["message"]["content"]
+
+        first = chat(MESSAGES)  # call 1: "Reply 0."
+        history = [*MESSAGES, {"role": "assistant", "content": first},
+                   {"role": "user", "content": "next"}]
+        chat(history)  # call 2, "Reply 1.": dropped, the agent retried it...
+        again = chat(history)  # call 3, "Reply 2.": ...and went on from this one
+        chat([*history, {"role": "assistant", "content": again},
+              {"role": "user", "content": "more"}])  # call 4
+        stats = admin.stats(info.session_id)
+    assert stats["discarded"] == 1
+    # calls 1, 3, 4 retained: 3 is the first retained child of 1, 4 extends 3
+    assert stats["joins"] == {"extended": 2, "branched": 0, "rewritten": 0, "new_root": 1}
