@@ -240,3 +240,26 @@ def test_reasoning_travels_in_each_dialects_form_and_back_in_the_field_the_engin
     first = reasoning_tokens({"turns": turns[:1]})
     assert 0 < first < len(turns[0]["completion_token_ids"])  # all but the stop token, or fewer
     assert reasoning_tokens(trace) >= first
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_vllm_renders_either_reasoning_name_and_the_scripted_engine_renders_it_the_same(
+        field: str, thinking_engine: str) -> None:
+    # The "known gap" of issue 34 (dialects sent `reasoning_content`, vLLM 0.32 renders
+    # `reasoning`) was the scripted engine's, not vLLM's: vLLM's request validator renames
+    # `reasoning_content` to `reasoning` (ChatCompletionRequest._normalize_messages_before).
+    # Measured here on the real engine, and the scripted engine must agree token for token.
+    from harness.audit.scripted_engine import ScriptedEngine
+
+    body = {"model": "tiny", "tools": CHAT_TOOLS, "messages": [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK},
+        {"role": "assistant", "content": None, field: "plan it",
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "bash", "arguments": json.dumps(FIRST_CALL)}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": ""}]}
+    reply = httpx.post(f"{thinking_engine}/v1/chat/completions", timeout=300, json={
+        **body, "max_tokens": 1, "temperature": 0.0, "return_token_ids": True})
+    assert reply.status_code == 200, reply.text[:500]
+    ids = reply.json()["prompt_token_ids"]
+    assert "<think>\nplan it\n</think>" in _detokenize(thinking_engine, ids)
+    assert ScriptedEngine(THINKING_MODEL, lambda request: "").prompt_ids(body) == ids
