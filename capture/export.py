@@ -23,7 +23,8 @@ One turn per retained engine call, in arrival order:
                           "agent_max_tokens": the agent's own limit; "context": the engine's
                           context length); `dropped_fields` (capture.allowlist); `unplaced`
                           (capture.placement); `rollout_caps` (capture.caps: limits, used,
-                          calls refused past them)
+                          calls refused past them); `join` (capture.placement: extended,
+                          branched, rewritten, new_root)
 
 Not retained (counted in stats and in the 409 reasons, never silently dropped): failed calls (an
 upstream error: never trainable) and retries nobody continued (graph.RolloutGraph.discarded).
@@ -52,7 +53,7 @@ from typing import Any
 from .aux import classify
 from .errors import NothingTrainableError
 from .graph import Node
-from .placement import unplaced_nodes
+from .placement import join_counts, join_kinds, unplaced_nodes
 from .sessions import Session
 from .upstream import dumps
 
@@ -69,6 +70,7 @@ class ExportPlan:
     trainable_tokens: int
     reasons: list[str] = field(default_factory=list)  # why nothing is trainable (when so)
     unplaced: set[str] = field(default_factory=set)  # capture.placement
+    joins: dict[str, str] = field(default_factory=dict)  # node_id -> capture.placement JOINS
 
     def stats(self) -> dict[str, Any]:
         aux: dict[str, int] = {}
@@ -84,6 +86,9 @@ class ExportPlan:
             "aux": aux,
             "discarded": len(self.discarded),
             "unplaced": len(self.unplaced),
+            # how the retained calls joined the graph (capture.placement): extended, branched,
+            # rewritten (a rewritten-history root), new_root
+            "joins": join_counts(self.joins),
             "failed": failed,
         }
 
@@ -107,6 +112,7 @@ def plan_export(session: Session) -> ExportPlan:
     plan = ExportPlan(session, list(zip(retained, reasons_aux, strict=True)), discarded,
                       trainable)
     plan.unplaced = unplaced_nodes(plan.turns)
+    plan.joins = join_kinds(plan.turns, plan.unplaced)
     if trainable == 0:
         plan.reasons = _why_nothing(session, plan, missing, empty)
     return plan
@@ -209,6 +215,8 @@ def iter_turn_parts(plan: ExportPlan) -> Iterator[list[bytes | memoryview]]:
             # not in the agent's own conversation (capture.placement): the trainer leaves it out
             # unless told to train it (`train_unplaced_calls`)
             "unplaced": node.node_id in plan.unplaced,
+            # how this call joined the graph (capture.placement JOINS)
+            "join": plan.joins.get(node.node_id),
             "rollout_caps": caps,  # the session's (capture.caps), as of the export
         }
         yield [

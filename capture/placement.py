@@ -20,6 +20,19 @@ conversation:
 Anything else is `unplaced` (trace metadata `unplaced: true`, counted in the stats as
 `unplaced`). Aux calls are never unplaced: they are already untrained (capture.aux).
 
+How each retained call joined the rollout (`join_kinds`; the stats' `joins`, each turn's metadata
+`join`), so a run says whether its rows chain or fragment:
+
+    extended   the first child of its parent: the agent's next turn on the same tokens
+    branched   a later child of a parent that already had one: a retry, a rewind, or a history
+               whose re-render of an earlier reply differs from what was sampled, so the call
+               hangs off the last call whose completion did come back token for token (opencode's
+               calls 4-10 under turn 2: text before a tool call never round-trips through vLLM's
+               hermes parser and a Qwen-style template; tests/test_capture_joins.py)
+    rewritten  a placed root that is not the main one: a rewritten history (a template that drops
+               earlier reasoning across a user turn, a swapped system prompt, a compaction)
+    new_root   the main root, an aux call's root (title, summary), or an unplaced root
+
 What this does not promise: a policy that copies the task's instruction verbatim into its own call
 makes a "rewritten history" that is placed; such calls are still bounded by the rollout caps.
 """
@@ -31,7 +44,7 @@ from typing import Any
 
 from .graph import Node
 
-__all__ = ["unplaced_nodes"]
+__all__ = ["JOINS", "join_counts", "join_kinds", "unplaced_nodes"]
 
 _MIN_SUMMARY_CHARS = 40  # a summary shorter than this is no evidence of a compaction
 
@@ -110,3 +123,36 @@ def _carries_summary(messages: list[Any], summaries: list[str]) -> bool:
     texts = [_text(m.get("content")) for m in messages if isinstance(m, dict)]
     return any(summary[:_MIN_SUMMARY_CHARS * 4] in text for summary in summaries
                for text in texts)
+
+
+JOINS = ("extended", "branched", "rewritten", "new_root")
+
+
+def join_kinds(turns: Sequence[tuple[Node, str | None]], unplaced: set[str]) -> dict[str, str]:
+    """node_id -> how it joined the rollout (one of JOINS; module doc), for the retained turns."""
+    kinds: dict[str, str] = {}
+    retained = {node.node_id for node, _ in turns}
+    main_root: str | None = None
+    for node, aux_reason in turns:
+        parent = node.parent
+        if parent is not None:
+            # first among the retained: a retry nobody continued (dropped) does not make the
+            # one the agent went on with a branch
+            first = next(c for c in parent.children if c.node_id in retained) is node
+            kinds[node.node_id] = "extended" if first else "branched"
+        elif aux_reason is None and main_root is None:
+            main_root = node.node_id
+            kinds[node.node_id] = "new_root"
+        elif aux_reason is None and node.node_id not in unplaced:
+            kinds[node.node_id] = "rewritten"
+        else:
+            kinds[node.node_id] = "new_root"
+    return kinds
+
+
+def join_counts(kinds: dict[str, str]) -> dict[str, int]:
+    """How many calls joined each way (every kind present, 0 when none)."""
+    counts = dict.fromkeys(JOINS, 0)
+    for kind in kinds.values():
+        counts[kind] += 1
+    return counts

@@ -179,7 +179,7 @@ class CallRecorder:
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self._content) or None}
         if self._reasoning:
-            message["reasoning_content"] = "".join(self._reasoning)
+            message["reasoning"] = "".join(self._reasoning)  # vLLM 0.32's name
         if self._tool_calls:
             message["tool_calls"] = [self._tool_calls[i] for i in sorted(self._tool_calls)]
         return message

@@ -32,7 +32,7 @@ from harness.shared.run_config import (
     settings_from_args,
 )
 from harness.shared.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
-from harness.shared.run_records import RecordingFactory
+from harness.shared.run_records import RecordingFactory, joins_by_agent
 from harness.shared.tables import PASS_THRESHOLD, pass_rate_table
 from harness.tasks.lookup_rates import instruction_of, step_rates_of_folder
 
@@ -90,6 +90,13 @@ def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
                       f"passed {_pct(rates['passed'])}")
     summary["causes"] = {c: sum(r["cause"] == c for r in factory.records)
                          for c in {r["cause"] for r in factory.records}}
+    summary["joins"] = joins_by_agent(factory.records, settings.harness)
+    # completion tokens the engine's reasoning parser counted as thinking (0 for a model that
+    # does not think): what a thinking model spends before it acts
+    summary["reasoning_tokens"] = sum(r.get("reasoning_tokens") or 0 for r in factory.records)
+    if summary["reasoning_tokens"]:
+        console.print(f"[bold]reasoning[/]: {summary['reasoning_tokens']} completion tokens "
+                      f"over {len(factory.records)} rollouts")
     (run_dir / "eval_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

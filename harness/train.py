@@ -68,7 +68,12 @@ from harness.shared.run_config import (
     settings_from_args,
 )
 from harness.shared.run_dir import RunDirError, check_run_dir, fresh_run_dir, prepare_run_dir
-from harness.shared.run_records import RecordingFactory, split_trained, summary_tables
+from harness.shared.run_records import (
+    RecordingFactory,
+    joins_by_agent,
+    split_trained,
+    summary_tables,
+)
 
 __all__ = ["main", "rendezvous_address", "run_training", "weight_links"]
 
@@ -354,6 +359,8 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
         "steps": len(history),
         "reward_mean_per_step": [m.get("reward/mean") for m in history],
         "tokens_trained": sum(m.get("tokens/trained", 0.0) for m in history),
+        # how the calls joined their rollout graphs (capture.placement), per agent
+        "joins": joins_by_agent(records, settings.harness),
         "timings": timings,
         "engine_busy": engine_busy,
         "before_after": before_after and {k: before_after[k] for k in (

@@ -9,6 +9,10 @@ optional extras; each one is what another room stands on:
                                      temperature), which is what importance ratios compare against
   --enable-auto-tool-choice
   --tool-call-parser hermes          agents' tool loops work, through the tiny model's template
+  --reasoning-parser <name>          (a thinking model) its reasoning reaches the agents as
+                                     reasoning (chat `reasoning`, Responses items, thinking
+                                     blocks), from the model folder's own harness.json
+                                     (launchers/thinking_model.py): no flag a user must know
   VLLM_SERVER_DEV_MODE=1             exposes the weight-transfer routes (/pause, /update_weights...)
   --weight-transfer-config           which backend receives weights (NCCL on GPUs, gloo here)
   --enable-lora --max-lora-rank <R>  (LoRA runs) adapters pushed at run time by name
@@ -73,6 +77,7 @@ import httpx
 from launchers.net import free_port, is_loopback
 from launchers.paths import REPO_ROOT, engine_python
 from launchers.reaper import start_reaper
+from launchers.thinking_model import model_reasoning_parser
 
 __all__ = [
     "API_KEY_ENV",
@@ -260,6 +265,9 @@ class Engine:
             "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser,
             "--seed", "0",
         ]
+        parser = self.reasoning_parser()
+        if parser and "--reasoning-parser" not in self.extra_args:
+            cmd += ["--reasoning-parser", parser]
         if self.tensor_parallel_size > 1:
             cmd += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.data_parallel_size > 1:
@@ -278,6 +286,13 @@ class Engine:
             cmd += ["--enable-lora", "--max-lora-rank", str(engine_lora_rank(self.lora_rank)),
                     "--max-loras", str(LORA_SLOTS)]
         return cmd + self.extra_args
+
+    def reasoning_parser(self) -> str | None:
+        """The reasoning parser the model folder asks for (its harness.json), or None: a model
+        that does not think, or a hub id (its own folder is read once it is resolved to one)."""
+        if not self.model_path.is_dir():
+            return None
+        return model_reasoning_parser(self.model_path)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)

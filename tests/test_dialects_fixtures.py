@@ -91,7 +91,7 @@ def test_the_scripted_tool_turn_comes_back_whole(agent):
     assert len(turns) == 1
     turn = turns[0]
     assert turn["content"] == "Running the commands."
-    assert turn["reasoning_content"] == REASONING
+    assert turn["reasoning"] == REASONING
     ids = [c["id"] for c in turn["tool_calls"]]
     # fake_engine ids: chatcmpl-tool-<last 4 chars of the completion id><index>
     assert len(ids) == n_calls and all(i.startswith("chatcmpl-tool-") for i in ids)

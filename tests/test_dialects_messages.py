@@ -82,7 +82,7 @@ def test_tool_use_and_results_round_trip_with_their_ids():
              "content": [{"type": "text", "text": "ls: denied"}]},
             {"type": "text", "text": "go on"}]}]))
     assert out["messages"][2:] == [
-        {"role": "assistant", "content": "Listing.", "reasoning_content": "use ls",
+        {"role": "assistant", "content": "Listing.", "reasoning": "use ls",
          "tool_calls": [
              {"id": "toolu_1", "type": "function",
               "function": {"name": "Bash", "arguments": '{"command": "ls"}'}},
@@ -231,7 +231,7 @@ def test_thinking_signature_round_trips_to_the_same_reasoning():
     out = messages.to_chat(request([{"role": "user", "content": "hi"},
                                     {"role": "assistant", "content": reply["content"]}]))
     assert out["messages"][-1] == {"role": "assistant", "content": "ok",
-                                   "reasoning_content": "plan"}
+                                   "reasoning": "plan"}
 
 
 @pytest.mark.parametrize("status, kind", [(400, "invalid_request_error"),

@@ -93,7 +93,7 @@ def test_reasoning_text_and_calls_regroup_into_one_assistant_message():
         {"type": "function_call_output", "call_id": "c2", "output": "/w"},
     ]))
     assert out["messages"][2:] == [
-        {"role": "assistant", "content": "Running.", "reasoning_content": "think",
+        {"role": "assistant", "content": "Running.", "reasoning": "think",
          "tool_calls": [
              {"id": "c1", "type": "function",
               "function": {"name": "exec_command", "arguments": '{"cmd": "ls"}'}},
@@ -120,7 +120,7 @@ def test_reasoning_we_encrypted_comes_back_verbatim():
                                 request([user("hi")]))
     item = reply["output"][0]
     out = responses.to_chat(request([user("hi"), {**item, "content": None}]))
-    assert out["messages"][-1]["reasoning_content"] == "deep thought"
+    assert out["messages"][-1]["reasoning"] == "deep thought"
 
 
 def test_tools_map_to_chat_functions_and_hosted_tools_are_dropped():

@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     orjson = None
 
 __all__ = [
+    "ENGINE_REASONING_FIELD",
     "Dialect",
     "DialectError",
     "StreamEncoder",
@@ -179,6 +180,15 @@ def sse_data(data: dict | str) -> bytes:
     """A bare `data:` SSE line (Chat Completions)."""
     payload = data.encode() if isinstance(data, str) else dumps_bytes(data)
     return b"data: " + payload + b"\n\n"
+
+
+# The assistant-message field that carries earlier reasoning back to the engine. vLLM 0.32 renders
+# `reasoning` (its chat parser hands the template both `reasoning` and `reasoning_content`, from
+# `reasoning`) and calls `reasoning_content` deprecated: its chat-completions request renames a
+# `reasoning_content` to `reasoning` only when `reasoning` is absent. Every dialect writes this one
+# name, so the request the proxy forwards (and records) says what the engine renders, and the
+# scripted engine (harness/audit/vllm_chat.py) renders the same history as vLLM.
+ENGINE_REASONING_FIELD = "reasoning"
 
 
 def reasoning_text(message: dict) -> str | None:

@@ -22,6 +22,9 @@ What changes on the way in (what vLLM 0.32 rejects or mis-renders):
   (vLLM parses it back to an object for the template, so spacing does not matter).
 - streaming always asks for `include_usage`; the agent only sees the usage chunk if it asked.
 - `n` other than 1 is refused: the proxy records one sample per call.
+- an assistant message's `reasoning_content` (DeepSeek's and older vLLM's name, what litellm and
+  other clients send back) becomes `reasoning`, the field vLLM 0.32 renders (base.py
+  ENGINE_REASONING_FIELD); when both are sent, `reasoning` wins, as in vLLM.
 - `max_completion_tokens` (newer OpenAI clients) becomes `max_tokens`, the one field the
   core's sampling policy caps.
 
@@ -40,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import (
+    ENGINE_REASONING_FIELD,
     Dialect,
     DialectError,
     StreamEncoder,
@@ -124,6 +128,8 @@ def _normalise_message(i: int, message: Any) -> list[dict]:
         )
     if role == "tool" and not isinstance(message.get("tool_call_id"), str):
         require(message.get("tool_call_id"), str, f"messages[{i}].tool_call_id")
+    if role == "assistant" and "reasoning_content" in message:
+        message = _reasoning_field(message)
     calls = message.get("tool_calls")
     if calls is not None:
         rewritten = _normalise_tool_calls(calls, i)
@@ -132,6 +138,16 @@ def _normalise_message(i: int, message: Any) -> list[dict]:
         elif rewritten is not None:
             message = {**message, "tool_calls": rewritten}
     return [message]
+
+
+def _reasoning_field(message: dict) -> dict:
+    """An assistant message's earlier reasoning under the name vLLM renders (base.py
+    ENGINE_REASONING_FIELD). vLLM itself keeps `reasoning` and drops `reasoning_content` when a
+    message has both; so does this, so the forwarded request is what the engine renders."""
+    out = _without(message, "reasoning_content")
+    if out.get(ENGINE_REASONING_FIELD) is None and message["reasoning_content"] is not None:
+        out[ENGINE_REASONING_FIELD] = message["reasoning_content"]
+    return out
 
 
 def _check_tools(tools: Any) -> list:

@@ -11,7 +11,7 @@ Mapping, block by block, in the order the agent sent them:
   measured sending two results in reverse order; see `base.order_tool_results`);
   `is_error: true` prefixes the text with `[tool error] ` because chat has no error flag and
   the model must see that the call failed;
-- assistant `thinking` -> `reasoning_content`; `redacted_thinking` is dropped (its payload is
+- assistant `thinking` -> `reasoning` (the field vLLM 0.32 renders, base.py ENGINE_REASONING_FIELD); `redacted_thinking` is dropped (its payload is
   an opaque provider blob no engine can read); `text` -> content; `tool_use` -> `tool_calls`
   with `arguments = json.dumps(input, ensure_ascii=False)`. vLLM parses arguments back into an
   object before the chat template renders them, so their spacing never reaches the prompt
@@ -37,6 +37,7 @@ import re
 from typing import Any
 
 from .base import (
+    ENGINE_REASONING_FIELD,
     DialectError,
     arguments_json,
     copy_sampling,
@@ -179,7 +180,7 @@ def _assistant(content: list, where: str) -> dict | None:
     if texts:
         message["content"] = "".join(texts)
     if thinking:
-        message["reasoning_content"] = "\n".join(thinking)
+        message[ENGINE_REASONING_FIELD] = "\n".join(thinking)
     if calls:
         message["tool_calls"] = calls
     return message

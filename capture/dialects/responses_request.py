@@ -6,7 +6,7 @@ messages. The grouping rule mirrors what `responses.from_chat` emits for one eng
 very assistant message the engine produced:
 
 - a `reasoning` item, an assistant `message` and the `function_call`s after them merge into one
-  assistant chat message (reasoning_content, content, tool_calls), until a non-assistant item
+  assistant chat message (reasoning, content, tool_calls), until a non-assistant item
   arrives or a second reasoning/text item starts a new turn;
 - each `function_call_output` (and custom/local_shell output) becomes one `tool` message;
 - `instructions` becomes the first system message; `developer` messages become system messages.
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import (
+    ENGINE_REASONING_FIELD,
     DialectError,
     arguments_json,
     copy_sampling,
@@ -307,7 +308,7 @@ def _input_to_messages(items: list, routes: dict[str, ToolRoute]) -> list[dict]:
                 b.close()
             text = _reasoning(item, where)
             if text:
-                b.assistant()["reasoning_content"] = text
+                b.assistant()[ENGINE_REASONING_FIELD] = text
         elif kind == "function_call":
             name = require(item.get("name"), str, f"{where}.name")
             arguments = require(item.get("arguments", ""), str, f"{where}.arguments")

@@ -32,9 +32,10 @@ tool. Here a `script(request) -> str` writes the assistant's raw text instead (a
 The request rendering and the hermes parsing are in vllm_chat.py. Logprobs are made up (finite,
 negative, a function of the position); nothing samples. What it
 does not emulate: `n` > 1 and a reply that contains one of the request's stop strings (both get
-a 500 that says so, never an answer unlike vLLM's), guided decoding, reasoning parsers, several
-tokens per streamed chunk. A request for another model name gets vLLM's 404; a prompt + max_tokens over
-`max_model_len` gets its 400. If the script raises, the request gets a 500 naming the error and
+a 500 that says so, never an answer unlike vLLM's), guided decoding, several tokens per
+streamed chunk, and of reasoning parsers all but one case: with `reasoning_parser=True` a think
+block the script writes is split off as `reasoning` (vllm_chat.split_reasoning). A request for
+another model name gets vLLM's 404; a prompt + max_tokens over `max_model_len` gets its 400. If the script raises, the request gets a 500 naming the error and
 the error is kept in `errors`.
 
 Use (the capture proxy in front of it, a real agent CLI in front of that):
@@ -56,7 +57,7 @@ from typing import Any
 from capture.fake_engine import answer_lifespan, check_chat_request, send_json
 from capture.serving import ThreadedUvicorn, read_body
 from capture.upstream import dumps, loads
-from harness.audit.vllm_chat import parse_hermes, vllm_messages, vllm_tools
+from harness.audit.vllm_chat import parse_hermes, split_reasoning, vllm_messages, vllm_tools
 
 __all__ = [
     "SHELL_TOOL_NAMES",
@@ -151,7 +152,10 @@ class ScriptedEngine:
         model: str = "tiny",
         *,
         max_model_len: int = 32768,
+        reasoning_parser: bool = False,
     ) -> None:
+        """`reasoning_parser`: split a reply's think block off as `reasoning`, as vLLM's `qwen3`
+        parser does (vllm_chat.split_reasoning); off, the block stays in the content."""
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
@@ -164,6 +168,7 @@ class ScriptedEngine:
         self.script = script
         self.model = model
         self.max_model_len = max_model_len
+        self.reasoning_parser = reasoning_parser
         self.requests: list[dict[str, Any]] = []
         self.replies: list[str | None] = []
         self.errors: list[BaseException] = []
@@ -298,16 +303,19 @@ class ScriptedEngine:
         if max_tokens is not None and len(completion) > max_tokens:
             completion, finish = completion[:max_tokens], "length"
         text = self._decode(completion)
+        reasoning, text = split_reasoning(text) if self.reasoning_parser else (None, text)
         content, calls = parse_hermes(text) if body.get("tools") else (text, [])
+        if reasoning is not None and calls and not (content or "").strip():
+            content = None  # vLLM's qwen3 + hermes drop whitespace-only content beside calls
         if body.get("stream"):
             # vLLM's stream says "tool_calls" only when the model stopped by itself
             finish = "tool_calls" if calls and finish == "stop" else finish
-            await self._stream(send, body, prompt, completion, calls, finish)
+            await self._stream(send, body, prompt, completion, calls, finish, reasoning)
         else:
             finish = "tool_calls" if calls else finish
-            await send_json(
-                send, 200, self._whole(body, prompt, completion, content, calls, finish)
-            )
+            whole = self._whole(body, prompt, completion, content or None, calls, finish)
+            whole["choices"][0]["message"]["reasoning"] = reasoning
+            await send_json(send, 200, whole)
 
     def _entries(self, completion: list[int]) -> list[dict[str, Any]]:
         """Logprob entries as vLLM writes them with --return-tokens-as-token-ids."""
@@ -365,23 +373,33 @@ class ScriptedEngine:
             reply["prompt_token_ids"] = prompt
         return reply
 
-    def _deltas(self, completion: list[int], calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One delta per completion token: the text before the first tool call as content pieces;
-        then per call an empty delta on its markup tokens, its id + name on its first JSON token
-        and its arguments in fragments over the JSON tokens after that."""
+    def _deltas(self, completion: list[int], calls: list[dict[str, Any]],
+                reasoning: str | None = None) -> list[dict[str, Any]]:
+        """One delta per completion token: a think block's text as reasoning pieces (with
+        `reasoning` on, up to its `</think>`), the text before the first tool call as content
+        pieces; then per call an empty delta on its markup tokens, its id + name on its first
+        JSON token and its arguments in fragments over the JSON tokens after that."""
         start_id = self.tokenizer.convert_tokens_to_ids("<tool_call>")
         end_id = self.tokenizer.convert_tokens_to_ids("</tool_call>")
+        think_end = self.tokenizer.convert_tokens_to_ids("</think>")
+        n_think = completion.index(think_end) + 1 if reasoning is not None else 0
         starts = [i for i, t in enumerate(completion) if t == start_id] if calls else []
         n_text = starts[0] if starts else len(completion)
         deltas: list[dict[str, Any]] = []
         held = 0  # the first token whose text has not been sent yet
+        if n_think and calls and not self._decode(completion[n_think:n_text]).strip():
+            n_text = n_think  # whitespace-only content beside calls is dropped (as when whole)
         for i in range(len(completion)):
+            if i == n_think:
+                held = n_think  # the markup itself is sent as neither
             piece = self._decode(completion[held : i + 1]) if i < n_text else ""
             if piece.endswith("\ufffd"):  # a character split across tokens: wait for the rest
                 piece = ""
             else:
                 held = i + 1
-            deltas.append({"content": piece} if piece else {})
+            key = "reasoning" if i < n_think else "content"
+            piece = piece.replace("<think>", "").replace("</think>", "") if i < n_think else piece
+            deltas.append({key: piece} if piece else {})
         for index, (call, start) in enumerate(zip(calls, starts, strict=True)):
             end = next(
                 (i for i in range(start + 1, len(completion)) if completion[i] == end_id),
@@ -418,6 +436,7 @@ class ScriptedEngine:
         completion: list[int],
         calls: list[dict[str, Any]],
         finish: str,
+        reasoning: str | None = None,
     ) -> None:
         base = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -441,7 +460,7 @@ class ScriptedEngine:
             first["prompt_token_ids"] = prompt
         chunks = [first]
         entries = self._entries(completion) if body.get("logprobs") else None
-        for i, delta in enumerate(self._deltas(completion, calls)):
+        for i, delta in enumerate(self._deltas(completion, calls, reasoning)):
             choice: dict[str, Any] = {
                 "index": 0,
                 "delta": delta,

@@ -16,11 +16,26 @@ import re
 import uuid
 from typing import Any
 
-__all__ = ["parse_hermes", "vllm_messages", "vllm_tools"]
+__all__ = ["parse_hermes", "split_reasoning", "vllm_messages", "vllm_tools"]
 
 # vLLM's hermes parser (vllm/tool_parsers/hermes_tool_parser.py): a closed call, or an unclosed
 # one running to the end of the text.
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(reasoning, the rest) of a completion's text, for a script that writes a think block, as
+    vLLM's `qwen3` reasoning parser splits it: the text up to `</think>` (a leading `<think>`
+    dropped, newlines kept: "<think>\\nplan\\n</think>" gives "\\nplan\\n") is reasoning, what
+    follows is parsed for content and tool calls (measured with vLLM 0.32's composed hermes +
+    qwen3 parser on the thinking model's tokenizer). Not emulated:
+    qwen3's implicit end (text before a `<tool_call>` with no `</think>` is reasoning too, what
+    the tiny model's own replies get, tests/test_thinking_engine.py); a reply without
+    `</think>` is all content here."""
+    if "</think>" not in text:
+        return None, text
+    reasoning, rest = text.split("</think>", 1)
+    return reasoning.removeprefix("<think>"), rest
 
 
 def parse_hermes(text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -116,8 +131,11 @@ def vllm_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
                 for call in calls
             ]
-        # vLLM reads `reasoning` only: a `reasoning_content` in the history is not rendered
+        # vLLM's request validator renames `reasoning_content` to `reasoning` when `reasoning` is
+        # absent (ChatCompletionRequest._normalize_messages_before); the template gets both names
         reasoning = message.get("reasoning")
+        if reasoning is None:
+            reasoning = message.get("reasoning_content")
         if role == "assistant" and isinstance(reasoning, str):
             rendered["reasoning"] = rendered["reasoning_content"] = reasoning
         for key in ("tool_call_id", "name"):

@@ -29,8 +29,10 @@ from rich.table import Table
 from harness.shared.errors import CAUSES
 from harness.shared.tables import add_columns
 
-__all__ = ["RecordingFactory", "result_record", "split_trained", "summary_tables",
-           "weight_versions"]
+__all__ = ["RecordingFactory", "joins_by_agent", "reasoning_tokens", "result_record",
+           "split_trained", "summary_tables", "trace_joins", "weight_versions"]
+
+JOINS = ("extended", "branched", "rewritten", "new_root")  # capture.placement's, in its order
 
 
 def weight_versions(trace: dict[str, Any] | None) -> list[int | None]:
@@ -39,6 +41,38 @@ def weight_versions(trace: dict[str, Any] | None) -> list[int | None]:
     stamps = {turn.get("metadata", {}).get(key) for turn in (trace or {}).get("turns") or ()
               for key in ("weight_version_start", "weight_version_end")}
     return sorted(stamps, key=lambda v: (v is not None, v or 0))
+
+
+def trace_joins(trace: dict[str, Any] | None) -> dict[str, int]:
+    """How a trace's calls joined the rollout graph (each turn's metadata `join`, written by
+    capture.placement): extended the call before, branched off an earlier one, started a
+    rewritten-history row, or started a new root. A trace from before the field counts nothing."""
+    counts = dict.fromkeys(JOINS, 0)
+    for turn in (trace or {}).get("turns") or ():
+        join = turn.get("metadata", {}).get("join")
+        if join in counts:
+            counts[join] += 1
+    return counts
+
+
+def reasoning_tokens(trace: dict[str, Any] | None) -> int:
+    """Completion tokens the engine's reasoning parser counted as reasoning, over a trace's calls
+    (vLLM's `usage.completion_tokens_details.reasoning_tokens`; 0 without a parser)."""
+    total = 0
+    for turn in (trace or {}).get("turns") or ():
+        details = (turn.get("metadata", {}).get("usage") or {}).get("completion_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+            total += details["reasoning_tokens"]
+    return total
+
+
+def joins_by_agent(records: list[dict[str, Any]], agent: str) -> dict[str, dict[str, int]]:
+    """summary.json's `joins`: the run's join counts summed, under the agent that made them."""
+    total = dict.fromkeys(JOINS, 0)
+    for record in records:
+        for kind, n in (record.get("joins") or {}).items():
+            total[kind] = total.get(kind, 0) + n
+    return {agent: total}
 
 
 def split_trained(records: list[dict[str, Any]], steps: int, groups_per_step: int
@@ -80,6 +114,8 @@ def result_record(result: Any, index: int) -> dict[str, Any]:
             "completion": outcome.completion,
         },
         "weight_versions": weight_versions(trace),
+        "joins": trace_joins(trace),
+        "reasoning_tokens": reasoning_tokens(trace),
         "trace": trace,
     }
 

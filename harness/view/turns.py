@@ -105,6 +105,9 @@ def turns_view(turns: list[dict[str, Any]], tokenizer: Any = None) -> list[dict[
             "i": i, "node_id": node_id, "parent": parent_index, "depth": 0 if parent_index is None
             else out[parent_index]["depth"] + 1, "branch": branch, "forks_from": forks_from,
             "aux": bool(metadata.get("aux")), "aux_reason": metadata.get("aux_reason"),
+            # how the capture joined it (capture.placement: extended, branched, rewritten,
+            # new_root); None in traces recorded before the field
+            "join": metadata.get("join"),
             "dialect": metadata.get("dialect"), "finish_reason": metadata.get("finish_reason"),
             "weight_version": [metadata.get("weight_version_start"),
                                metadata.get("weight_version_end")],

@@ -308,12 +308,14 @@ async function showRollout(index, query) {
 }
 function turnHtml(t) {
   const lane = LANES[t.branch % LANES.length];
-  const fork = t.forks_from === null ? "" : t.forks_from === -1 ? '<span class="badge fork">new root: its prompt extends no earlier call</span>'
+  const fork = t.forks_from === null ? "" : t.forks_from === -1 ? (t.join === "rewritten"
+      ? '<span class="badge fork">rewritten history: a new row (its prompt extends no earlier call)</span>'
+      : '<span class="badge fork">new root: its prompt extends no earlier call</span>')
     : `<span class="badge fork">branch from turn ${t.forks_from}: history rewritten</span>`;
   return `<div class="turn ${t.aux ? "aux" : ""}" id="turn-${t.i}" style="--lane:${lane}">
     <div class="turn-head"><b>turn ${t.i}</b><span class="badge branch">branch ${t.branch}</span>${fork}
       ${t.aux ? `<span class="badge aux">aux call: ${esc(t.aux_reason || "aux")} (not trained)</span>` : ""}
-      <span class="muted">${esc(t.dialect || "")} · parent ${t.parent === null ? "none" : "turn " + t.parent}
+      <span class="muted">${esc(t.dialect || "")}${t.join ? " · joined: " + esc(t.join) : ""} · parent ${t.parent === null ? "none" : "turn " + t.parent}
       · weights v${fmt(t.weight_version[0])}→v${fmt(t.weight_version[1])} · ${t.latency_s === null || t.latency_s === undefined ? "" : t.latency_s.toFixed(2) + " s ·"}
       prompt ${t.n_prompt_tokens} tok · completion ${t.n_completion_tokens} tok · ${t.n_trained} trained
       ${Object.keys(t.masked_logprobs).length ? "· masked: " + esc(JSON.stringify(t.masked_logprobs)) : ""}</span></div>
