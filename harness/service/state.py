@@ -110,8 +110,9 @@ class RolloutService:
                               "public_url": proxy_public_url}
         self.proxy_tunnel = proxy_tunnel
         self.sandbox = sandbox  # the sandboxes the proxy is exposed to (remote: public URL)
-        self.proxy: Any = None  # CaptureServer, started in start()
-        self.exposure: Any = None  # harness.service.sandboxes.expose.ProxyExposure, for remote sandboxes
+        # harness.service.local_proxy's, started in start(): the proxy (exposed to remote sandboxes)
+        self.local_proxy: Any = None
+        self.proxy: Any = None  # its CaptureServer
         self.factories: dict[str, Any] = {}
         self.rollouts: dict[str, Job] = {}
         self.sessions: dict[str, OpenSession] = {}
@@ -126,25 +127,13 @@ class RolloutService:
     def start(self) -> None:
         # Import the rollout machinery (harbor, openenv) now, not in the first client's request.
         import harness.service.factory  # noqa: F401
-        from capture.server import CaptureServer
+        from harness.service.local_proxy import start_local_proxy
 
-        self.proxy = CaptureServer(
-            self.engine_url, data_dir=None if self.data_dir is None else self.data_dir / "capture",
+        self.local_proxy = start_local_proxy(
+            self.engine_url, sandbox=self.sandbox, tunnel=self.proxy_tunnel,
+            data_dir=None if self.data_dir is None else self.data_dir / "capture",
             **self.proxy_options)
-        self.proxy.start()
-        if self.sandbox != "local":
-            from harness.service.sandboxes.expose import expose_proxy
-
-            try:
-                self.exposure = expose_proxy(
-                    self.proxy.url, sandbox=self.sandbox,
-                    public_url=self.proxy_options["public_url"], tunnel_command=self.proxy_tunnel)
-            except BaseException:
-                self.proxy.stop()
-                raise
-            # Session base URLs handed to agents must be the public ones (a tunnel's is only
-            # known once it is up).
-            self.proxy.state.public_url = self.exposure.public_url
+        self.proxy = self.local_proxy.server
 
     async def stop(self) -> None:
         for job in list(self.rollouts.values()):
@@ -155,10 +144,8 @@ class RolloutService:
         for factory in self.factories.values():
             with contextlib.suppress(Exception):
                 await factory.aclose()
-        if self.exposure is not None:
-            self.exposure.close()
-        if self.proxy is not None:
-            self.proxy.stop()
+        if self.local_proxy is not None:
+            self.local_proxy.stop()
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
