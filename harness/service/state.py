@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, Response
 
 from harness.shared.errors import CAUSES, HarnessError, cause_of
 
-__all__ = ["FACTORY_OPTIONS", "BadRequest", "Job", "OpenSession", "RolloutService", "error_json",
-           "result_json"]
+__all__ = ["FACTORY_OPTIONS", "BadRequest", "Job", "OpenSession", "RolloutService", "error_reply",
+           "failure_reply", "result_json"]
 
 # Factory options a client may set; anything else in `factory` is refused by name.
 FACTORY_OPTIONS = frozenset({
@@ -64,14 +64,21 @@ def result_json(result: Any) -> dict[str, Any]:
     }
 
 
-def error_json(exc: BaseException) -> dict[str, Any]:
-    return {"error": {
-        "type": type(exc).__name__,
-        "cause": cause_of(exc),
-        "retryable": bool(isinstance(exc, HarnessError) and exc.retryable),
-        "timeout": isinstance(exc, TimeoutError),
-        "message": str(exc)[:4000],
-    }}
+def error_reply(status: int, kind: str, message: str, *, headers: dict[str, str] | None = None,
+                **detail: Any) -> JSONResponse:
+    """The service's one error answer, `{"error": {"type", "message", ...detail}}`, whatever
+    refused the call (key, body, unknown id, a full service, a failed session): the client
+    (harness.client.remote_errors) reads it back into the same class."""
+    return JSONResponse({"error": {"type": kind, "message": message, **detail}}, status,
+                        headers=headers)
+
+
+def failure_reply(exc: BaseException) -> JSONResponse:
+    """A session's failure, 422: its class, cause, whether a retry may help, and whether it was
+    a timeout, so the client raises the same `harness.shared.errors` class."""
+    return error_reply(422, type(exc).__name__, str(exc)[:4000], cause=cause_of(exc),
+                       retryable=bool(isinstance(exc, HarnessError) and exc.retryable),
+                       timeout=isinstance(exc, TimeoutError))
 
 
 @dataclass
@@ -164,10 +171,10 @@ class RolloutService:
         self._forget_stale()
         if self.in_flight >= self.max_sessions:
             self.rejected += 1
-            return JSONResponse(
-                {"error": {"type": "Busy", "message": f"{self.in_flight} of {self.max_sessions} "
-                           "sessions in flight; retry later or use another service"}},
-                status_code=429, headers={"Retry-After": str(self.retry_after_s())})
+            return error_reply(
+                429, "Busy", f"{self.in_flight} of {self.max_sessions} sessions in flight; "
+                "retry later or use another service",
+                headers={"Retry-After": str(self.retry_after_s())})
         self.admitted += 1
         return None
 
