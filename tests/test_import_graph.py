@@ -10,8 +10,8 @@ run, so a lazy import inside a function counts too):
    the fix is a third module both import (capture.state, harness.shared.tables' pass-rate
    table, harness.service.proxy_link).
 2. The import contract. The trainer's process runs trainer/, `harness.train` and
-   `harness.client.remote` and whatever those import at module level (their closure, computed
-   here). None of those modules may import the service side (SERVICE: harbor, openenv, capture,
+   `harness.client.remote` and whatever those can import, at module level or lazily (their
+   closure, computed here). None of those modules may import the service side (SERVICE: harbor, openenv, capture,
    the rollout service's folder harness/service/, the task loaders harness/tasks/, and the
    commands whose own process runs rollouts: serve, eval, audit), not even lazily: vLLM's
    environment has no harbor, and a lazy import is one call away from running. The one kind
@@ -166,8 +166,8 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def trainer_side() -> set[str]:
-    """TRAINER_ROOTS and every project module they load at module level (with its packages'
-    __init__ modules, which Python runs first); a type-only import loads nothing."""
+    """TRAINER_ROOTS and every project module they can load, at module level or lazily (with
+    its packages' __init__ modules, which Python runs first); a type-only import loads nothing."""
     modules = project_modules()
     todo = [m for m in modules if any(m == r or m.startswith(r + ".") for r in TRAINER_ROOTS)]
     seen: set[str] = set()
@@ -178,8 +178,7 @@ def trainer_side() -> set[str]:
         seen.add(module)
         parts = module.split(".")
         todo += [".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules]
-        todo += [o for i in imports_of(module)
-                 if i.at_top and not i.type_only and (o := _owner(i.target))]
+        todo += [o for i in imports_of(module) if not i.type_only and (o := _owner(i.target))]
     return seen
 
 
