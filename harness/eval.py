@@ -11,6 +11,11 @@ starts: launchers.adapters, harness.run.stack).
 A rollout "passes" when its env_reward is >= 1.0 (what the bundled verifiers write on success);
 unscored rollouts (infra or verifier failures) are shown apart and left out of the rate, never
 counted as fails.
+
+Unlike harness.train, this command runs its rollouts in its own process: the session factory,
+the capture proxy (harness.service.local_proxy) and the task and sandbox checks
+(harness.service.preflight). So its process is a rollout process, on the service's side of the
+import contract (tests/test_import_graph.py); it takes only the engine from harness.run.stack.
 """
 
 from __future__ import annotations
@@ -24,17 +29,13 @@ from rich.console import Console
 
 from harness.run.preflight import preflight
 from harness.run.stack import RunStack
-from harness.shared.run_config import (
-    RunSettings,
-    SettingsError,
-    build_parser,
-    quiet_harbor,
-    settings_from_args,
-)
+from harness.service.preflight import rollout_problems
+from harness.shared.lookup_names import instruction_of
+from harness.shared.lookup_rates import step_rates_of_folder
+from harness.shared.run_config import RunSettings, SettingsError, build_parser, settings_from_args
 from harness.shared.run_dir import RunDirError, fresh_run_dir, prepare_run_dir
 from harness.shared.run_records import RecordingFactory, joins_by_agent
 from harness.shared.tables import PASS_THRESHOLD, pass_rate_table
-from harness.tasks.lookup_rates import instruction_of, step_rates_of_folder
 
 __all__ = ["main", "pass_rate_table", "run_eval"]
 
@@ -50,10 +51,12 @@ def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
     console = console or Console()
     if settings.output_dir is None:
         settings.output_dir = str(fresh_run_dir("eval"))  # made below, once preflight passes
-    problems = preflight(settings, train=False)
+    problems = preflight(settings, train=False,
+                         rollout_problems=lambda s: rollout_problems(s, train=False))
     if problems:
         raise SettingsError(problems)
     from harness.service.factory import HarborSessionFactory
+    from harness.service.local_proxy import start_local_proxy
     from harness.tasks import load_tasks
 
     try:
@@ -65,9 +68,13 @@ def run_eval(settings: RunSettings, console: Console | None = None) -> dict:
     tasks = load_tasks(settings.tasks, count=settings.task_count)
     sampling = {"temperature": settings.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
                 "max_tokens": settings.max_tokens, "seed": settings.seed}
-    with RunStack(settings, run_dir, weight_transfer=False) as stack:
+    # Stopped in reverse: the proxy (and its exposure), then the engine.
+    with RunStack(settings, run_dir, weight_transfer=False) as stack, start_local_proxy(
+            stack.engine_url, sandbox=settings.sandbox, data_dir=run_dir / "capture",
+            host=settings.proxy_host, port=settings.proxy_port,
+            public_url=settings.proxy_public_url, tunnel=settings.proxy_tunnel) as proxy:
         factory = RecordingFactory(HarborSessionFactory(
-            stack.proxy.admin_url, admin_key=stack.proxy.admin_key, split=tasks,
+            proxy.server.admin_url, admin_key=proxy.server.admin_key, split=tasks,
             harness=settings.harness,
             sandbox=settings.sandbox, llm_url=stack.engine_url, model=settings.served_model_name,
             sampling=sampling, max_concurrent_rollouts=settings.max_concurrent_rollouts,
@@ -108,6 +115,8 @@ def _pct(rate: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser("python -m harness.eval", __doc__.split("\n\n")[0], eval_mode=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from harness.tasks import quiet_harbor
+
     quiet_harbor()
     try:
         run_eval(settings_from_args(parser, argv))

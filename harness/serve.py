@@ -176,7 +176,7 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    from harness.shared.run_config import quiet_harbor
+    from harness.tasks import quiet_harbor
 
     quiet_harbor()
     try:

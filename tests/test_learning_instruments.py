@@ -21,10 +21,10 @@ import pytest
 from harness.run.learning import (
     before_after_problems,
     before_after_table,
-    eval_task_problems,
     evaluate_split,
     write_reward_curve,
 )
+from harness.service.preflight import eval_task_problems
 from harness.shared.run_config import RunSettings, build_parser, settings_from_args
 from harness.tasks.family import FAMILY_DIR, family_tasks
 from trainer.fakes import synthetic_trace
@@ -99,7 +99,7 @@ def test_before_after_settings_are_checked_with_their_fix():
     assert before_after_problems(RunSettings()) == []
     assert before_after_problems(RunSettings(eval_tasks="family:heldout")) == []
     wrong = RunSettings(eval_tasks="family:nope", weight_sync=False, eval_rollouts_per_task=0)
-    # The settings here; the split where rollouts run (harness.run.preflight.rollout_problems).
+    # The settings here; the split where rollouts run (harness.service.preflight.rollout_problems).
     problems = before_after_problems(wrong) + eval_task_problems(wrong)
     text = "\n".join(problems)
     assert len(problems) == 3

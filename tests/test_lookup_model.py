@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.tasks.lookup import VALUES, lookup_tasks, source_text
+from harness.shared.lookup_names import VALUES
+from harness.tasks.lookup import lookup_tasks, source_text
 from harness.warm.lookup import synthetic_vocabulary
 from launchers.models import resolve_model
 from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
@@ -78,7 +79,7 @@ def _dev_ranks(model_dir: Path) -> tuple[list[int], list[int]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from harness.audit.scripted_engine import tool_call
-    from harness.tasks.lookup import SOURCES
+    from harness.shared.lookup_names import SOURCES
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -120,7 +121,7 @@ def test_the_synthetic_vocabulary_holds_no_family_word_or_name():
     vocab = AutoTokenizer.from_pretrained(LOOKUP_MODEL).get_vocab()
     words, names = synthetic_vocabulary(vocab, 0)
     assert (words, names) == synthetic_vocabulary(vocab, 0)  # seeded: the build is reproducible
-    from harness.tasks.lookup import SOURCES, TARGETS
+    from harness.shared.lookup_names import SOURCES, TARGETS
 
     assert not set(words) & set(VALUES) and not set(names) & set(SOURCES + TARGETS)
     assert len(words) > 60 and len(names) > 60

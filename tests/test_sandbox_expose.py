@@ -120,3 +120,34 @@ def test_a_tunnel_that_prints_no_url_in_time_is_killed():
     with pytest.raises(ExposeError, match="no public URL within 1s"):
         expose_proxy(PROXY, sandbox="docker", tunnel_command=command, timeout_s=1)
     assert time.monotonic() - started < 45  # killed at its 1 s timeout, not after its 60 s sleep
+
+
+# --- the proxy a rollout process runs for its sandboxes (harness.service.local_proxy) ----------
+
+def test_a_rollout_processs_proxy_hands_agents_the_public_url_and_stops_with_its_exposure():
+    import httpx
+
+    from harness.service.local_proxy import start_local_proxy
+
+    # the engine is never called: nothing listens on port 9
+    with start_local_proxy("http://127.0.0.1:9", sandbox="daytona",
+                           public_url="https://proxy.example.org/") as proxy:
+        assert proxy.exposure is not None
+        assert proxy.server.state.public_url == proxy.exposure.public_url
+        assert proxy.exposure.public_url == "https://proxy.example.org/"
+        url = proxy.server.url
+        assert httpx.get(url + "/health", timeout=5).status_code == 200
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(url + "/health", timeout=2)
+
+
+def test_a_refused_exposure_stops_the_proxy_it_started(monkeypatch: pytest.MonkeyPatch):
+    from capture.server import CaptureServer
+    from harness.service.local_proxy import start_local_proxy
+
+    stopped = []
+    stop = CaptureServer.stop
+    monkeypatch.setattr(CaptureServer, "stop", lambda self: (stopped.append(self.url), stop(self)))
+    with pytest.raises(ExposeError, match=r"--proxy-public-url.*--proxy-tunnel"):
+        start_local_proxy("http://127.0.0.1:9", sandbox="e2b")
+    assert len(stopped) == 1

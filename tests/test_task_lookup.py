@@ -12,21 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.shared.lookup_names import SOURCES, SPLITS, TARGETS, TEMPLATES, VALUES, instance_of
+from harness.shared.lookup_rates import by_instruction, step_rates
 from harness.tasks import TaskSourceError, load_tasks
-from harness.tasks.lookup import (
-    LOOKUP_DIR,
-    SOURCES,
-    SPLITS,
-    TARGETS,
-    TEMPLATES,
-    VALUES,
-    generate,
-    instances,
-    lookup_tasks,
-    main,
-    source_text,
-)
-from harness.tasks.lookup_rates import by_instruction, instance_of, step_rates
+from harness.tasks.lookup import LOOKUP_DIR, generate, instances, lookup_tasks, main, source_text
 from tests.helpers.task_folders import folder_files, trial_reward, with_solution
 
 

@@ -63,7 +63,7 @@ def clustered_interval(per_seed: list[dict[str, float]], *, draws: int = 4000,
 def answers(records: list[dict]) -> list[tuple[str | None, str, str]]:
     """(word written to the target, or None; the word the file showed; the instance's own word)
     for each scored lookup rollout, from its recorded calls: the last `echo W > TARGET`."""
-    from harness.tasks.lookup_rates import instance_of
+    from harness.shared.lookup_names import instance_of
 
     out = []
     for record in records:

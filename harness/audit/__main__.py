@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency < 1:
         err.print(f"[bold red]cannot start[/]: --concurrency must be >= 1 (got {args.concurrency})")
         return 2
-    from harness.shared.run_config import quiet_harbor
-    from harness.tasks import load_tasks
+    from harness.tasks import load_tasks, quiet_harbor
     from launchers.tiny_model import build_tiny_model
 
     # Each attack the sandbox catches logs a warning ("tampered with its grading"): expected

@@ -3,17 +3,18 @@
 Why it exists: the service validated each trace (OpenEnv's TrainingTrace) before sending it, and
 the trainer's process cannot import openenv, so a trace travels as its JSON dump (`JsonTrace`,
 with the `.turns` and `.to_trace_entries()` that trainer/rows.py reads) and a whole rollout as
-`RemoteRolloutResult`, the fields of `harness.shared.rollout.RolloutResult`.
+`RemoteRolloutResult`, a `harness.shared.rollout.RolloutResult` with the service's URL.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from harness.shared.errors import CAUSES, TRAINABLE_CAUSES, Cause
+from harness.shared.errors import CAUSES
 from harness.shared.outcome import HarnessRolloutOutcome
+from harness.shared.rollout import RolloutResult
 
 __all__ = ["JsonTrace", "RemoteRolloutResult"]
 
@@ -37,26 +38,13 @@ class JsonTrace:
 
 
 @dataclass
-class RemoteRolloutResult:
-    """`harness.shared.rollout.RolloutResult`'s fields, from a service (plus which service ran it)."""
+class RemoteRolloutResult(RolloutResult):
+    """A `harness.shared.rollout.RolloutResult` from a service: its trace a `JsonTrace` (read
+    without openenv), no task id when the service never picked one, and which service ran it."""
 
-    cause: Cause
     task_id: str | None = None
-    seed: int | None = None
-    episode_id: str | None = None
-    trace: JsonTrace | None = None
-    outcome: HarnessRolloutOutcome | None = None
-    env_reward: float | None = None
-    rewards: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-    attempts: int = 1
-    timings: dict[str, float] = field(default_factory=dict)
-    verifier_output: str | None = None
+    trace: JsonTrace | None = None  # type: ignore[assignment]
     service: str | None = None
-
-    @property
-    def trainable(self) -> bool:
-        return self.cause in TRAINABLE_CAUSES and self.trace is not None
 
     @classmethod
     def from_json(cls, body: dict[str, Any], service: str) -> RemoteRolloutResult:

@@ -5,7 +5,8 @@ lands still runs to the end and prints a loss. What tells them apart is the held
 before and after training, and the same run with shuffled rewards (`--shuffle-rewards`, the
 control) as its falsification check. This module holds the logic; `harness.train` calls it.
 
-    learning = BeforeAfter(settings, make_factory, run_dir, console)  # inside the RunStack
+    learning = BeforeAfter(settings, make_factory, run_dir, console, eval_tasks=names)
+                             # names: --eval-tasks as the rollout service loads it
     learning.before()        # --eval-tasks at the engine's initial weights
     ...train...              # the weight sync pushes every step's weights into the same engine
     learning.after()         # the same tasks and seeds; prints the table, writes before_after.json
@@ -35,13 +36,12 @@ from typing import Any
 
 from rich.table import Table
 
+from harness.shared.lookup_rates import by_instruction, step_rates_of_folder
 from harness.shared.run_config import RunSettings
 from harness.shared.tables import PASS_THRESHOLD, add_columns, pass_rate_table
-from harness.tasks.lookup_rates import by_instruction, step_rates_of_folder
 
-__all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "eval_task_problems",
-           "evaluate_split", "reward_curve", "reward_series", "step_rates_table",
-           "write_before_after_chart",
+__all__ = ["BeforeAfter", "before_after_problems", "before_after_table", "evaluate_split",
+           "reward_curve", "reward_series", "step_rates_table", "write_before_after_chart",
            "write_reward_curve"]
 
 
@@ -49,17 +49,13 @@ class BeforeAfter:
     """The before/after evaluation and reward curve around one training run (harness.train)."""
 
     def __init__(self, settings: RunSettings, make_factory: Any, run_dir: Path,
-                 console: Any, *, eval_tasks: list | None = None) -> None:
+                 console: Any, *, eval_tasks: list | None) -> None:
         """`eval_tasks`: the --eval-tasks split as loaded where rollouts run (harness.train asks
-        its rollout service for the names: its process does not import harbor); None loads it
-        here."""
+        its rollout service for the names: this process never loads tasks, which needs harbor);
+        None or [] when the run has no --eval-tasks."""
         self.settings, self.make_factory = settings, make_factory
         self.run_dir, self.console = run_dir, console
         self.tasks: list = list(eval_tasks or [])
-        if settings.eval_tasks is not None and eval_tasks is None:
-            from harness.tasks import load_tasks
-
-            self.tasks = load_tasks(settings.eval_tasks)
         self.summaries: dict[str, dict] = {}
 
     def _evaluate(self, label: str) -> None:
@@ -133,19 +129,6 @@ def before_after_problems(settings: RunSettings) -> list[str]:
     return problems
 
 
-def eval_task_problems(settings: RunSettings) -> list[str]:
-    """--eval-tasks loads here (it needs harbor: run where rollouts run, see harness.run.preflight)."""
-    if settings.eval_tasks is None:
-        return []
-    from harness.tasks import load_tasks
-
-    try:
-        load_tasks(settings.eval_tasks)
-    except Exception as exc:  # every loader error names its fix
-        return [f"--eval-tasks {settings.eval_tasks!r}: {exc}"]
-    return []
-
-
 async def _gather(factory: Any, n_tasks: int, per_task: int) -> None:
     from harness.shared.seeds import eval_rollouts
 
@@ -199,7 +182,7 @@ def _title(eval_tasks: str | None) -> str:
 
 
 def step_rates_table(before: dict | None, after: dict | None) -> tuple[Table, dict]:
-    """The lookup family's per-step rates (harness.tasks.lookup_rates) before and after."""
+    """The lookup family's per-step rates (harness.shared.lookup_rates) before and after."""
     table = Table(title="What was learned, step by step: before -> after")
     add_columns(table, "step", "before", "after", "change", right={"before", "after", "change"})
     labels = {"looked": "1. looked at the source file first",

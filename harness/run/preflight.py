@@ -1,17 +1,20 @@
 """Check a run's settings before any process starts, and report every problem at once.
 
-`python -m harness.run.preflight` (settings as JSON on stdin) prints the rollout side's problems:
-harness.train runs it with the rollout service's interpreter, since the trainer's process must
-not import harbor, through which tasks load.
-
 `harness.train` and `harness.eval` call `preflight()` first: each check is cheap (imports, a file
 lookup, one HTTP GET) next to starting vLLM (~25-40 s on CPU) and building sandboxes, and a list
 of every problem beats fixing them one restart at a time (torchtune's ConfigError, STYLE.md).
+
+The checks that need harbor (tasks load, the sandbox backend) are the rollout side's:
+harness.service.preflight. This module runs in the trainer's process and never imports them:
+harness.train has the rollout service's interpreter run `python -m harness.service.preflight` in
+a child process, and harness.eval, whose own process runs rollouts, passes them in
+(`preflight(settings, train=False, rollout_problems=...)`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,31 +22,6 @@ import httpx
 from harness.shared.run_config import HARNESSES, RunSettings, load_callable, parse_reward_funcs
 
 __all__ = ["preflight"]
-
-
-def _check_tasks(settings: RunSettings) -> list[str]:
-    from harness.tasks import load_tasks
-
-    try:
-        tasks = load_tasks(settings.tasks, count=settings.task_count)
-    except Exception as exc:  # every loader error names its fix; report it, do not crash
-        return [f"--tasks {settings.tasks!r}: {exc}"]
-    return [] if tasks else [f"--tasks {settings.tasks!r}: no tasks found"]
-
-
-def _check_sandbox(settings: RunSettings) -> list[str]:
-    from harness.service.sandboxes.expose import SANDBOX_BACKENDS, backend_problems
-
-    if settings.sandbox not in SANDBOX_BACKENDS:
-        return [f"--sandbox {settings.sandbox!r}: choose one of {', '.join(SANDBOX_BACKENDS)}"]
-    problems = [f"--sandbox {settings.sandbox}: {p}" for p in backend_problems(settings.sandbox)]
-    if SANDBOX_BACKENDS[settings.sandbox].remote and not (settings.proxy_public_url or settings.proxy_tunnel):
-        problems.append(
-            f"--sandbox {settings.sandbox} runs agents off this host, so they cannot reach the "
-            "capture proxy on 127.0.0.1: give --proxy-public-url URL (a URL that forwards to the "
-            "proxy) or --proxy-tunnel 'COMMAND {url}' (e.g. cloudflared tunnel --url {url})"
-        )
-    return problems
 
 
 def _engine_parallel_problems(settings: RunSettings) -> list[str]:
@@ -214,21 +192,9 @@ def _check_resume(settings: RunSettings) -> list[str]:
     return []
 
 
-def rollout_problems(settings: RunSettings, *, train: bool) -> list[str]:
-    """The checks that need harbor: tasks load through Harbor's Task, sandboxes are its
-    environments. Run where rollouts run (in-process for harness.eval; in the rollout service's
-    interpreter for harness.train, whose process must not import harbor)."""
-    problems = _check_tasks(settings) + _check_sandbox(settings)
-    if train:
-        from harness.run.learning import eval_task_problems
-
-        problems += eval_task_problems(settings)
-    return problems
-
-
 class _RolloutCheck:
-    """`rollout_problems` in a child process of the service's interpreter, started first so it
-    runs while this process checks the rest (the trainer's config imports torch)."""
+    """harness.service.preflight in a child process of the service's interpreter, started first
+    so it runs while this process checks the rest (the trainer's config imports torch)."""
 
     def __init__(self, settings: RunSettings) -> None:
         import dataclasses
@@ -239,7 +205,7 @@ class _RolloutCheck:
         from launchers.paths import REPO_ROOT
 
         self.process = subprocess.Popen(
-            [service_python(), "-m", "harness.run.preflight"], cwd=REPO_ROOT, text=True,
+            [service_python(), "-m", "harness.service.preflight"], cwd=REPO_ROOT, text=True,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.payload = json.dumps(dataclasses.asdict(settings))
 
@@ -248,17 +214,20 @@ class _RolloutCheck:
 
         out, err = self.process.communicate(self.payload, timeout=300)
         if self.process.returncode != 0:
-            return [f"checking the tasks and the sandbox failed (python -m harness.run.preflight "
+            return [f"checking the tasks and the sandbox failed (python -m harness.service.preflight "
                     f"exited {self.process.returncode}): {err.strip()[-2000:]}"]
         return list(json.loads(out.strip().splitlines()[-1]))
 
 
-def preflight(settings: RunSettings, *, train: bool) -> list[str]:
+def preflight(settings: RunSettings, *, train: bool,
+              rollout_problems: Callable[[RunSettings], list[str]] | None = None) -> list[str]:
     """Every problem with `settings`, each naming the flag and the fix; [] when the run can start.
 
-    harness.train (train=True) checks the rollout side where it runs: a --rollout-service is
-    asked (it answers, takes the key, loads --tasks and --eval-tasks), else the local service's
-    interpreter checks tasks and sandbox in a child process (rollout_problems).
+    The rollout side is checked where it runs. harness.train (train=True): a --rollout-service
+    is asked (it answers, takes the key, loads --tasks and --eval-tasks), else the local
+    service's interpreter checks tasks and sandbox in a child process
+    (harness.service.preflight). harness.eval runs rollouts in its own process and passes
+    `rollout_problems` (harness.service.preflight's, for train=False), called here.
     """
     problems: list[str] = []
     remote = train and bool(settings.rollout_service_urls())
@@ -278,15 +247,15 @@ def preflight(settings: RunSettings, *, train: bool) -> list[str]:
     if remote and not not_ready:
         # The services load the tasks, run the sandboxes and expose their own proxies.
         problems += _check_rollout_services(settings)
-    elif not train:
-        problems += rollout_problems(settings, train=False)
+    elif rollout_problems is not None:
+        problems += rollout_problems(settings)
     if not (settings.engine_url and not_ready):
         problems += _check_engine(settings)
     if train:
         problems += _check_rewards(settings)
         problems += _check_resume(settings)
         problems += [f"trainer: {_as_flags(p)}" for p in settings.trainer_config().validate()]
-        from harness.run.learning import before_after_problems  # it imports harness.eval (us)
+        from harness.run.learning import before_after_problems
 
         problems += before_after_problems(settings)
     if settings.max_concurrent_rollouts < 1:
@@ -320,19 +289,3 @@ def _check_weight_transfer_routes(engine_url: str) -> list[str]:
                 "(GPU) or '{\"backend\": \"harness_gloo\"}' (CPU), or pass --no-weight-sync"]
     return []
 
-
-def _main() -> int:
-    """`python -m harness.run.preflight` < settings JSON: print rollout_problems as one JSON line."""
-    import json
-    import sys
-
-    from harness.shared.run_config import quiet_harbor
-
-    quiet_harbor()
-    settings = RunSettings(**json.loads(sys.stdin.read()))
-    print(json.dumps(rollout_problems(settings, train=True)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

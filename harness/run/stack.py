@@ -1,24 +1,24 @@
 """The processes behind a run: the vLLM engine, then the rollout side, started and stopped in order.
 
-`harness.train` and `harness.eval` both need an engine and somewhere rollouts run, so they live
-here once. Two layouts of the rollout side:
+`harness.train` and `harness.eval` both need a model and an engine, so they live here once:
 
     with RunStack(settings, run_dir, weight_transfer=True, rollouts="service") as stack:
         stack.engine_url, stack.service_urls, stack.service_key     # harness.train
     with RunStack(settings, run_dir, weight_transfer=False) as stack:
-        stack.engine_url, stack.proxy.admin_url, stack.proxy.admin_key  # harness.eval
+        stack.engine_url                                            # harness.eval
 
-- "service" (harness.train): rollout services (`python -m harness.serve`). Without
+- rollouts="service" (harness.train): rollout services (`python -m harness.serve`). Without
   --rollout-service, one is started here as a child process
   (harness.client.spawn.spawn_service) from the project venv, pointed at the engine: it owns
   the tasks, sandboxes, agents, the capture proxy (its per-call log under <run>/capture) and,
   for remote sandboxes, the proxy's exposure (the --proxy-* settings travel to it). It starts
   while the engine loads, so it adds no wall time. With --rollout-service the services are
-  someone else's and nothing is started for them. This module then imports neither harbor,
-  openenv nor capture's server: the trainer's process (vLLM's NCCL engine on GPUs) must stay
-  free of them.
-- "proxy" (harness.eval): the capture proxy in this process, and its exposure; the caller runs
-  HarborSessionFactory in-process.
+  someone else's and nothing is started for them.
+- rollouts=None (harness.eval): the engine only. harness.eval runs rollouts in its own process,
+  so it starts its capture proxy itself (harness.service.local_proxy) inside this stack.
+
+This module runs in the trainer's process and imports neither harbor, openenv nor capture, not
+even lazily (tests/test_import_graph.py): vLLM's NCCL engine on GPUs shares that process.
 
 Start order: the model (built or found), the engine (launched with the weight-transfer backend
 this machine needs, or the one at --engine-url) and the rollout side. Stop order is the reverse,
@@ -44,7 +44,7 @@ from launchers.models import ModelError, ResolvedModel, resolve_model
 __all__ = ["ROLLOUT_LAYOUTS", "RunStack", "service_key", "service_python"]
 
 log = logging.getLogger(__name__)
-ROLLOUT_LAYOUTS = ("service", "proxy")
+ROLLOUT_LAYOUTS = ("service", None)  # rollout services, or none (the caller runs rollouts)
 SERVICE_PYTHON_ENV = "HARNESS_SERVICE_PYTHON"
 
 
@@ -77,10 +77,10 @@ def service_python() -> str:
 
 
 class RunStack:
-    """Engine + rollout services (or an in-process capture proxy). Use as a context manager."""
+    """Model, engine and rollout services (or none). Use as a context manager."""
 
     def __init__(self, settings: RunSettings, run_dir: Path, *, weight_transfer: bool,
-                 rollouts: str = "proxy") -> None:
+                 rollouts: str | None = None) -> None:
         if rollouts not in ROLLOUT_LAYOUTS:
             raise ValueError(f"rollouts={rollouts!r}: choose one of {ROLLOUT_LAYOUTS}")
         self.settings = settings
@@ -93,8 +93,6 @@ class RunStack:
         self.model_path: Path | None = None
         self.engine: Engine | None = None
         self.engine_url = settings.engine_url.rstrip("/") if settings.engine_url else None
-        self.proxy: Any = None  # capture.server.CaptureServer ("proxy" layout)
-        self.exposure = None
         self.service: Any = None  # harness.client.spawn.LocalService, when started here
         self.service_urls: list[str] = []
         self.service_key: str | None = None
@@ -182,9 +180,6 @@ class RunStack:
         if self.rollouts == "service":
             self._services(pending)
             self.timings["service_wait_s"] = time.perf_counter() - t0
-        else:
-            self._start_proxy()
-            self.timings["proxy_start_s"] = time.perf_counter() - t0
 
     def _spawn_service(self, engine_url: str) -> Future | None:
         """Start the local rollout service in a thread (None with --rollout-service)."""
@@ -225,25 +220,6 @@ class RunStack:
         # is a no-op, so the spawn's own callback stays harmless.
         self._exit.callback(self.service.stop)
         self.service_urls, self.service_key = [self.service.url], self.service.key
-
-    def _start_proxy(self) -> None:
-        from capture.server import CaptureServer
-
-        s = self.settings
-        self.proxy = CaptureServer(self.engine_url, data_dir=self.run_dir / "capture",
-                                   host=s.proxy_host, port=s.proxy_port,
-                                   public_url=s.proxy_public_url)
-        self._exit.callback(self.proxy.stop)
-        self.proxy.start()
-        if s.sandbox != "local":
-            from harness.service.sandboxes.expose import expose_proxy
-
-            self.exposure = expose_proxy(self.proxy.url, sandbox=s.sandbox,
-                                         public_url=s.proxy_public_url, tunnel_command=s.proxy_tunnel)
-            self._exit.callback(self.exposure.close)
-            # Session base URLs handed to agents must be the public ones (a tunnel's is only
-            # known once it is up).
-            self.proxy.state.public_url = self.exposure.public_url
 
     def __exit__(self, *exc: object) -> None:
         self._exit.close()

@@ -2,8 +2,8 @@
 
 Every route but /health wants the service key; each handler gets the `RolloutService` and the
 JSON body, and answers a refusal 400, an unknown id 404, a session failure 422 with
-{"error": {type, cause, retryable, message}} (`error_json`) so the client raises the same
-`harness.shared.errors` class.
+{"error": {type, cause, retryable, message}} (`failure_reply`) so the client raises the same
+`harness.shared.errors` class; every refusal has that one shape (`error_reply`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from harness.service.state import BadRequest, OpenSession, RolloutService, error_json, result_json
+from harness.service.state import (
+    BadRequest,
+    OpenSession,
+    RolloutService,
+    error_reply,
+    failure_reply,
+    result_json,
+)
 
 __all__ = ["create_app"]
 
@@ -40,8 +47,8 @@ def _route(handler: Any) -> Any:
     """Auth, JSON bodies and errors for every route but /health, in one place."""
     async def wrapped(request: Request) -> Response:
         if not _authorized(request):
-            return JSONResponse({"error": {"type": "Unauthorized", "message": "send the service "
-                                           "key as 'Authorization: Bearer <key>'"}}, 401)
+            return error_reply(401, "Unauthorized",
+                               "send the service key as 'Authorization: Bearer <key>'")
         try:
             body: dict[str, Any] = {}
             if request.method in ("POST", "PUT"):
@@ -51,10 +58,10 @@ def _route(handler: Any) -> Any:
                     raise BadRequest("the body must be a JSON object")
             return await handler(request, _service(request), body)
         except (BadRequest, json.JSONDecodeError) as exc:
-            return JSONResponse({"error": {"type": "BadRequest", "message": str(exc)}}, 400)
+            return error_reply(400, "BadRequest", str(exc))
         except KeyError as exc:
-            return JSONResponse({"error": {"type": "NotFound", "message": f"no {exc.args[0]} "
-                                           "here (finished and fetched, or never made)"}}, 404)
+            return error_reply(404, "NotFound", f"no {exc.args[0]} here (finished and fetched, "
+                               "or never made)")
     return wrapped
 
 
@@ -148,7 +155,7 @@ async def create_session(request: Request, s: RolloutService, body: dict) -> Res
         raise
     except Exception as exc:
         del s.sessions[sid]
-        return JSONResponse(error_json(exc), 422)
+        return failure_reply(exc)
     s.sessions[sid].session = session
     return JSONResponse({"id": sid, "task_id": session.task_id})
 
@@ -170,7 +177,7 @@ async def wait_session(request: Request, s: RolloutService, body: dict) -> Respo
         return JSONResponse({"done": False})
     exc = held.waiter.exception()
     if exc is not None:
-        return JSONResponse(error_json(exc), 422)
+        return failure_reply(exc)
     return JSONResponse({"done": True, "exit_code": held.waiter.result(),
                          "timed_out": held.session.timed_out})
 
@@ -180,7 +187,7 @@ async def session_trace(request: Request, s: RolloutService, body: dict) -> Resp
     try:
         trace = await held.session.a_fetch_training_trace()
     except Exception as exc:
-        return JSONResponse(error_json(exc), 422)
+        return failure_reply(exc)
     return JSONResponse({"trace": trace.model_dump(mode="json"),
                          "entries": trace.to_trace_entries()})
 
@@ -190,7 +197,7 @@ async def verify_session(request: Request, s: RolloutService, body: dict) -> Res
     try:
         verdict = await held.session.a_verify(body.get("transcript"))
     except Exception as exc:
-        return JSONResponse(error_json(exc), 422)
+        return failure_reply(exc)
     return JSONResponse({"env_reward": verdict.env_reward, "done": verdict.done,
                          "metrics": verdict.metrics, "artifacts": verdict.artifacts})
 

@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, Response
 
 from harness.shared.errors import CAUSES, HarnessError, cause_of
 
-__all__ = ["FACTORY_OPTIONS", "BadRequest", "Job", "OpenSession", "RolloutService", "error_json",
-           "result_json"]
+__all__ = ["FACTORY_OPTIONS", "BadRequest", "Job", "OpenSession", "RolloutService", "error_reply",
+           "failure_reply", "result_json"]
 
 # Factory options a client may set; anything else in `factory` is refused by name.
 FACTORY_OPTIONS = frozenset({
@@ -64,14 +64,21 @@ def result_json(result: Any) -> dict[str, Any]:
     }
 
 
-def error_json(exc: BaseException) -> dict[str, Any]:
-    return {"error": {
-        "type": type(exc).__name__,
-        "cause": cause_of(exc),
-        "retryable": bool(isinstance(exc, HarnessError) and exc.retryable),
-        "timeout": isinstance(exc, TimeoutError),
-        "message": str(exc)[:4000],
-    }}
+def error_reply(status: int, kind: str, message: str, *, headers: dict[str, str] | None = None,
+                **detail: Any) -> JSONResponse:
+    """The service's one error answer, `{"error": {"type", "message", ...detail}}`, whatever
+    refused the call (key, body, unknown id, a full service, a failed session): the client
+    (harness.client.remote_errors) reads it back into the same class."""
+    return JSONResponse({"error": {"type": kind, "message": message, **detail}}, status,
+                        headers=headers)
+
+
+def failure_reply(exc: BaseException) -> JSONResponse:
+    """A session's failure, 422: its class, cause, whether a retry may help, and whether it was
+    a timeout, so the client raises the same `harness.shared.errors` class."""
+    return error_reply(422, type(exc).__name__, str(exc)[:4000], cause=cause_of(exc),
+                       retryable=bool(isinstance(exc, HarnessError) and exc.retryable),
+                       timeout=isinstance(exc, TimeoutError))
 
 
 @dataclass
@@ -110,8 +117,9 @@ class RolloutService:
                               "public_url": proxy_public_url}
         self.proxy_tunnel = proxy_tunnel
         self.sandbox = sandbox  # the sandboxes the proxy is exposed to (remote: public URL)
-        self.proxy: Any = None  # CaptureServer, started in start()
-        self.exposure: Any = None  # harness.service.sandboxes.expose.ProxyExposure, for remote sandboxes
+        # harness.service.local_proxy's, started in start(): the proxy (exposed to remote sandboxes)
+        self.local_proxy: Any = None
+        self.proxy: Any = None  # its CaptureServer
         self.factories: dict[str, Any] = {}
         self.rollouts: dict[str, Job] = {}
         self.sessions: dict[str, OpenSession] = {}
@@ -126,25 +134,13 @@ class RolloutService:
     def start(self) -> None:
         # Import the rollout machinery (harbor, openenv) now, not in the first client's request.
         import harness.service.factory  # noqa: F401
-        from capture.server import CaptureServer
+        from harness.service.local_proxy import start_local_proxy
 
-        self.proxy = CaptureServer(
-            self.engine_url, data_dir=None if self.data_dir is None else self.data_dir / "capture",
+        self.local_proxy = start_local_proxy(
+            self.engine_url, sandbox=self.sandbox, tunnel=self.proxy_tunnel,
+            data_dir=None if self.data_dir is None else self.data_dir / "capture",
             **self.proxy_options)
-        self.proxy.start()
-        if self.sandbox != "local":
-            from harness.service.sandboxes.expose import expose_proxy
-
-            try:
-                self.exposure = expose_proxy(
-                    self.proxy.url, sandbox=self.sandbox,
-                    public_url=self.proxy_options["public_url"], tunnel_command=self.proxy_tunnel)
-            except BaseException:
-                self.proxy.stop()
-                raise
-            # Session base URLs handed to agents must be the public ones (a tunnel's is only
-            # known once it is up).
-            self.proxy.state.public_url = self.exposure.public_url
+        self.proxy = self.local_proxy.server
 
     async def stop(self) -> None:
         for job in list(self.rollouts.values()):
@@ -155,10 +151,8 @@ class RolloutService:
         for factory in self.factories.values():
             with contextlib.suppress(Exception):
                 await factory.aclose()
-        if self.exposure is not None:
-            self.exposure.close()
-        if self.proxy is not None:
-            self.proxy.stop()
+        if self.local_proxy is not None:
+            self.local_proxy.stop()
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
@@ -177,10 +171,10 @@ class RolloutService:
         self._forget_stale()
         if self.in_flight >= self.max_sessions:
             self.rejected += 1
-            return JSONResponse(
-                {"error": {"type": "Busy", "message": f"{self.in_flight} of {self.max_sessions} "
-                           "sessions in flight; retry later or use another service"}},
-                status_code=429, headers={"Retry-After": str(self.retry_after_s())})
+            return error_reply(
+                429, "Busy", f"{self.in_flight} of {self.max_sessions} sessions in flight; "
+                "retry later or use another service",
+                headers={"Retry-After": str(self.retry_after_s())})
         self.admitted += 1
         return None
 

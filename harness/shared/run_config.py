@@ -10,7 +10,7 @@ CPU, and a run that would fail on its reward function should say so before that,
 
 What is checked up front (the torchtune "Raises:" list, STYLE.md section 2):
   - --harness is a registered agent; --sandbox a known backend with what it needs on this host
-  - --tasks loads (folder, "bundled", registry:name@version, hf:org/repo)
+  - --tasks loads (folder, "bundled", registry:name@version, hf:org/repo), where rollouts run
   - --model exists when it is a path; --engine-url answers /health when given
   - --reward-fn / --reward-funcs import and are callable
   - a remote --sandbox has a way to reach the proxy (--proxy-public-url or --proxy-tunnel)
@@ -32,8 +32,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "quiet_harbor",
-           "settings_from_args"]
+__all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "settings_from_args"]
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "resume", "weight_sync",
@@ -427,12 +426,3 @@ def settings_from_args(parser: argparse.ArgumentParser, argv: list[str] | None) 
     if settings.reward_funcs is None:
         settings.reward_funcs = []
     return settings
-
-
-def quiet_harbor() -> None:
-    """Harbor sets its root logger to DEBUG at import; a run's console shows warnings and up."""
-    import logging
-
-    from harbor.utils.logger import logger as harbor_logger
-
-    harbor_logger.setLevel(logging.WARNING)

@@ -17,7 +17,14 @@ from harness.tasks.errors import (
     TaskSourceError,
     TaskSourceUnavailableError,
 )
-from harness.tasks.loader import BUNDLED_DIR, HarborTask, bundled_tasks, load_folder, load_task
+from harness.tasks.loader import (
+    BUNDLED_DIR,
+    HarborTask,
+    bundled_tasks,
+    load_folder,
+    load_task,
+    quiet_harbor,
+)
 from harness.tasks.select import load_tasks, select_tasks
 from harness.tasks.sources import aload_registry, load_hf, load_registry, load_source
 
@@ -38,5 +45,6 @@ __all__ = [
     "load_source",
     "load_task",
     "load_tasks",
+    "quiet_harbor",
     "select_tasks",
 ]

@@ -25,7 +25,7 @@ from harness.tasks.errors import TaskDefinitionError, TaskNotFoundError, TaskSou
 if TYPE_CHECKING:
     from harbor.models.task.task import Task
 
-__all__ = ["BUNDLED_DIR", "HarborTask", "bundled_tasks", "load_folder", "load_task"]
+__all__ = ["BUNDLED_DIR", "HarborTask", "bundled_tasks", "load_folder", "load_task", "quiet_harbor"]
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 
@@ -158,3 +158,13 @@ def load_folder(folder: str | Path, *, source: str | None = None) -> list[Harbor
 def bundled_tasks() -> list[HarborTask]:
     """The small offline tasks shipped in harness/tasks/bundled/ (each with a solution)."""
     return load_folder(BUNDLED_DIR, source="bundled")
+
+
+def quiet_harbor() -> None:
+    """Harbor sets its root logger to DEBUG at import; a rollout process's console shows warnings
+    and up. Called first by the commands whose process loads tasks (serve, eval, audit)."""
+    import logging
+
+    from harbor.utils.logger import logger as harbor_logger
+
+    harbor_logger.setLevel(logging.WARNING)

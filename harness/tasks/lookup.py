@@ -9,7 +9,7 @@ output, and write it (`echo table > answer.txt`). Two agent steps, the second de
 Contrastive by construction: every instruction text has one instance per word in `VALUES` (8),
 identical but for the word in the source file, so a policy that ignores the observation scores
 at most 1/8 on any instruction. (A one-command `cp key.txt answer.txt` also passes: it reads the
-sandbox too, as does the reference `awk '{print $2}' key.txt > answer.txt`. The per-step rates of harness.tasks.lookup_rates tell the two apart.)
+sandbox too, as does the reference `awk '{print $2}' key.txt > answer.txt`. The per-step rates of harness.shared.lookup_rates tell the two apart.)
 
 Three splits by (source, target) pair, every template and every word on each side:
 - **test**: 4 pairs, a permutation (each source and each target once); read only by the main
@@ -35,9 +35,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from harness.shared.lookup_names import (
+    SOURCES,
+    SPLITS,
+    TARGETS,
+    TEMPLATES,
+    VALUES,
+    VARIANTS,
+    LookupInstance,
+)
 from harness.tasks.errors import TaskSourceError
 from harness.tasks.loader import HarborTask, load_folder
 from harness.tasks.task_folder import (
@@ -48,21 +56,11 @@ from harness.tasks.task_folder import (
     write_task_dir,
 )
 
-__all__ = ["LOOKUP_DIR", "SOURCES", "SPLITS", "TARGETS", "TEMPLATES", "VALUES", "VARIANTS",
-           "LookupInstance", "generate", "instances", "lookup_tasks", "source_text",
-           "write_lookup"]
+# The family's vocabulary (SOURCES, VALUES, LookupInstance, ...) is harness.shared.lookup_names:
+# the trainer's process reads task names with it and imports nothing of this folder.
+__all__ = ["LOOKUP_DIR", "generate", "instances", "lookup_tasks", "source_text", "write_lookup"]
 
 LOOKUP_DIR = Path(__file__).resolve().parent / "families" / "lookup"
-SPLITS = ("train", "dev", "test")
-VARIANTS = ("plain", "swap", "blind")
-SOURCES = ("key.txt", "value.txt", "input.txt", "data.txt")
-TARGETS = ("answer.txt", "out.txt", "notes.txt", "result.txt")
-VALUES = ("table", "queue", "block", "frame", "stack", "pipe", "tree", "lock")
-TEMPLATES = (
-    "The file {source} holds a word. Create {target} containing that word.",
-    "Read the word stored in {source} and write it into the file {target}.",
-    "Make a file named {target} in /app whose only content is the word found in {source}.",
-)
 # Pair (SOURCES[i], TARGETS[(i + shift) % 4]): shift 0 is test, 1 is dev, 2 and 3 are train.
 # Each split's pairs are a permutation, so every source and target occurs in every split.
 _SPLIT_OF_SHIFT = {0: "test", 1: "dev", 2: "train", 3: "train"}
@@ -94,45 +92,6 @@ cd /app && awk '{{print $2}}' {source} > {target}
 """
 
 _DOCKERFILE = "FROM ubuntu:24.04\nWORKDIR /app\nCOPY {source} /app/{source}\n"
-
-
-@dataclass(frozen=True)
-class LookupInstance:
-    """One generated task: where the word is, where it must go, which word, which template."""
-
-    source: str
-    target: str
-    value: str
-    template: int
-    split: str
-    variant: str = "plain"
-
-    @property
-    def observed(self) -> str:
-        """What the source file holds: the value, the next value ("swap") or nothing ("blind")."""
-        if self.variant == "swap":
-            return VALUES[(VALUES.index(self.value) + 1) % len(VALUES)]
-        return "" if self.variant == "blind" else self.value
-
-    @property
-    def expected(self) -> str:
-        """What the verifier wants in the target: the word the file holds; "blind" keeps the
-        instance's own word, which only a guess can give."""
-        return self.value if self.variant == "blind" else self.observed
-
-    @property
-    def instruction_id(self) -> str:
-        """The instruction text's id: instances that share it differ only in the word."""
-        return f"{Path(self.source).stem}-{Path(self.target).stem}-t{self.template}"
-
-    @property
-    def task_name(self) -> str:
-        suffix = "" if self.variant == "plain" else f"-{self.variant}"
-        return f"lookup-{self.instruction_id}-{self.value}{suffix}"
-
-    @property
-    def instruction(self) -> str:
-        return TEMPLATES[self.template].format(source=self.source, target=self.target)
 
 
 def source_text(word: str) -> str:

@@ -89,7 +89,8 @@ def _last_tool_text(request: dict) -> str:
 def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dict]:
     """Scripted two-step solutions of one instance per train instruction text (step 1)."""
     from harness.audit.scripted_engine import shell_call
-    from harness.tasks.lookup import VALUES, lookup_tasks
+    from harness.shared.lookup_names import VALUES
+    from harness.tasks.lookup import lookup_tasks
 
     by_instruction: dict[str, Any] = {}
     for task in lookup_tasks("train"):
@@ -123,7 +124,7 @@ def capture_train_traces(out: Path, harness: str = "mini-swe-agent") -> list[dic
 def synthetic_vocabulary(vocab: dict[str, int], seed: int) -> tuple[list[str], list[str]]:
     """(words, file names) from outside the family: tokenizer pieces that are one token with and
     without a leading space (as the family's words are), names `<piece>.txt`."""
-    from harness.tasks.lookup import SOURCES, TARGETS, VALUES
+    from harness.shared.lookup_names import SOURCES, TARGETS, VALUES
 
     family = set(VALUES) | {Path(n).stem for n in (*SOURCES, *TARGETS)}
     pool = sorted(p[1:] for p in vocab if p.startswith("Ġ") and p[1:].isalpha()
@@ -179,7 +180,7 @@ class _Turns:
         {"base": captured index, "source", "target", "value", "template"}, and optionally
         "cat" (the file the first call reads, when not the source: then no second turn) and
         "write" (the word the second call writes, when not the value)."""
-        from harness.tasks.lookup import TEMPLATES
+        from harness.shared.lookup_names import TEMPLATES
 
         enc = lambda s: self.tok.encode(s, add_special_tokens=False)  # noqa: E731
         out = []
@@ -217,7 +218,7 @@ class _Turns:
         rest write another word than the one shown (from the same pool). The model learns a
         policy that reads and copies only that often: the starting point RL must improve on,
         by looking at the right file and writing what it saw."""
-        from harness.tasks.lookup import SOURCES, TARGETS, TEMPLATES, VALUES
+        from harness.shared.lookup_names import SOURCES, TARGETS, TEMPLATES, VALUES
 
         out = []
         for i in range(count):

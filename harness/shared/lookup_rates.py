@@ -22,34 +22,11 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from harness.tasks.lookup import SOURCES, TARGETS, VALUES, VARIANTS, LookupInstance
+from harness.shared.lookup_names import instance_of
 
-__all__ = ["by_instruction", "instance_of", "instruction_of", "step_rates",
-           "step_rates_of_folder"]
+__all__ = ["by_instruction", "step_rates", "step_rates_of_folder"]
 
-_NAME = re.compile(r"(?:.*/)?lookup-(?P<source>[a-z]+)-(?P<target>[a-z]+)-t(?P<template>\d+)-"
-                   r"(?P<value>[a-z]+)(?:-(?P<variant>swap|blind))?$")
 _IDS = re.compile(r'"id": "[^"]*"')
-
-
-def instance_of(task_id: str) -> LookupInstance | None:
-    """The lookup instance a task id names (`harness-lookup/lookup-key-answer-t0-table`), or
-    None for a task of any other family."""
-    match = _NAME.match(task_id)
-    if not match:
-        return None
-    source, target = match["source"] + ".txt", match["target"] + ".txt"
-    variant = match["variant"] or "plain"
-    if source not in SOURCES or target not in TARGETS or match["value"] not in VALUES \
-            or variant not in VARIANTS:
-        return None
-    return LookupInstance(source, target, match["value"], int(match["template"]), "", variant)
-
-
-def instruction_of(task_id: str) -> str:
-    """A lookup task's instruction id (`key-answer-t0`), any other task's id as it is."""
-    inst = instance_of(task_id)
-    return inst.instruction_id if inst else task_id
 
 
 def _mentions(text: str, word: str) -> bool:
