@@ -361,7 +361,10 @@ async def test_kill_processes_ends_agent_leftovers_before_grading(sandbox: Bwrap
         "setsid sh -c 'while true; do echo 1 > /logs/verifier/reward.txt; sleep 0.05; done' "
         ">/dev/null 2>&1 & setsid nohup sleep 9876.5 >/dev/null 2>&1 & true",
     )
-    assert _host_pids_with("sleep 9876.5")
+    # Both leftovers running before the kill: `&` returns before they exec (a loaded machine
+    # showed the kill racing the start).
+    for marker in ("sleep 9876.5", "reward.txt; sleep 0.05"):
+        await until(lambda m=marker: _host_pids_with(m), f"the leftover {marker!r} to start")
     await sandbox.kill_processes()
     assert _host_pids_with("sleep 9876.5") == []
     await _sh(sandbox, "rm -f /logs/verifier/reward.txt; sleep 0.3")
