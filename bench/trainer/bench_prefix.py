@@ -1,6 +1,6 @@
 """Prefix-shared forward against dense packing (issue 30), in one run: tokens forwarded and step time.
 
-    .venv/bin/python bench/trainer/bench_prefix.py [--budget 8192] [--quick]
+    .venv/bin/python bench/trainer/bench_prefix.py [--budget 8192] [--quick] [--turns 8]
 
 Two steps, each trained once with `prefix_sharing=False` (dense: every row forwarded whole) and
 once with `prefix_sharing=True` (trainer/prefix_tree.py), through the trainer's own `run_step`
@@ -13,6 +13,14 @@ once with `prefix_sharing=True` (trainer/prefix_tree.py), through the trainer's 
    tokens a turn) after a 3,000-token system prompt and a 300-token task prompt, with the history
    rewritten (compacted) before turn 4: two rows per rollout, sharing the system and task prompt
    with each other and with the other rollouts. Goal: forwarded within 1.05x of unique.
+3. A thinking model whose template strips reasoning (issue 34): 16 rollouts (2 groups of 8),
+   `--turns` calls each (default 8), every observation a user turn (mini-swe-agent's habit), so
+   Qwen3's template drops each earlier call's think block (200 tokens) and keeps its answer (50)
+   and the observation (150): every call is a rewritten history and a row of its own, T rows a
+   rollout, dense rows O(T^2) tokens. Goal: forwarded within 1.2x of unique. Measured (exact
+   token counts, 2026-12-03): T=8/16/32 dense 9.38x/11.18x/14.75x of unique; shared 1.03x/1.21x/
+   1.61x at the default budget 8,192, 1.03x/1.05x/1.06x at 32,768 (a rollout longer than the
+   budget is split and its prefix forwarded again per part).
 
 The model is a narrow Qwen3 (2 layers, hidden 64, 2 heads of 32 (no GQA: transformers' sdpa passes
 `enable_gqa`, which on CPU takes the slow math kernel), vocabulary 4096, random weights): the point is the ratio between the two packings on the same model, and a
@@ -88,6 +96,27 @@ def branching_step(system: int = 3000, task: int = 300, groups: int = 2, per_gro
     return rows, adv
 
 
+def thinking_step(system: int = 3000, task: int = 300, groups: int = 2, per_group: int = 8,
+                  turns: int = 8, think: int = 200, answer: int = 50, observation: int = 150
+                  ) -> tuple[list[Row], list[float]]:
+    rng = random.Random(2)
+    sys_prompt = _toks(rng, system)
+    rows, adv = [], []
+    for g in range(groups):
+        task_prompt = sys_prompt + _toks(rng, task)
+        for k in range(per_group):
+            history, out = list(task_prompt), []
+            for t in range(turns):
+                thought, said = _toks(rng, think), _toks(rng, answer)
+                comp = thought + said
+                out.append(make_turn(history, comp, _logps(rng, len(comp)), node_id=f"t{t}"))
+                history = history + said + _toks(rng, observation)  # the thought is dropped
+            rs, _ = trace_to_rows(make_trace(*out), rollout_id=f"g{g}r{k}", group_index=g)
+            rows += rs
+            adv += [rng.uniform(-1.5, 1.5)] * len(rs)
+    return rows, adv
+
+
 def narrow_model() -> torch.nn.Module:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -119,11 +148,15 @@ def main() -> None:
                     help="Claude Code shape: time the dense step on this many of its 32 rows and "
                          "scale to 32 (its rows are identical-length independent forwards; a "
                          "full dense run is ~30 CPU-minutes here); 0: run all")
+    ap.add_argument("--turns", type=int, default=8,
+                    help="thinking shape: calls per rollout, each a rewritten history")
     a = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     shapes = {
         "claude_code": claude_code_step(**({"prefix": 2100, "per_group": 2} if a.quick else {})),
         "branching": branching_step(**({"system": 600, "per_group": 2} if a.quick else {})),
+        "thinking": thinking_step(turns=a.turns,
+                                  **({"system": 600, "per_group": 2} if a.quick else {})),
     }
     one_step(*branching_step(system=50, task=10, per_group=2, turns=2), sharing=True,
              budget=a.budget)  # warm-up: allocator, kernels, lazy imports
