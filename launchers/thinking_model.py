@@ -40,8 +40,10 @@ enough for the wire. Tests that need chosen reasoning script the replies
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -150,13 +152,14 @@ def _sha256(path: Path) -> str:
 
 
 def build_thinking_model(directory: Path = THINKING_MODEL, base: Path = COMMITTED_MODEL) -> Path:
-    """Write the thinking model's folder next to `base` (links need a sibling)."""
+    """Write the thinking model's folder; its weights and tokenizer link to `base`'s by a
+    relative path (`models/` moves as one tree)."""
     directory.mkdir(parents=True, exist_ok=True)
     for name in _LINKED:
         link = directory / name
         if link.is_symlink() or link.exists():
             link.unlink()
-        link.symlink_to(Path("..") / base.name / name)
+        link.symlink_to(os.path.relpath(base.resolve() / name, directory.resolve()))
     for name in _COPIED:
         (directory / name).write_bytes((base / name).read_bytes())
     (directory / "chat_template.jinja").write_text(THINKING_CHAT_TEMPLATE)
@@ -170,6 +173,18 @@ def build_thinking_model(directory: Path = THINKING_MODEL, base: Path = COMMITTE
     return directory
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launchers.thinking_model",
+        description="Write models/tiny-qwen3-thinking: the tiny model's weights and tokenizer "
+                    "(linked) under Qwen3's thinking chat template, with its reasoning parser "
+                    "named in harness.json and every file hashed in BUILD.json.")
+    parser.add_argument("--out", type=Path, default=THINKING_MODEL,
+                        help="the folder to write (default: %(default)s)")
+    args = parser.parse_args(argv)
+    print(build_thinking_model(args.out))
+    return 0
+
+
 if __name__ == "__main__":
-    print(build_thinking_model())
-    sys.exit(0)
+    sys.exit(main())
