@@ -146,6 +146,49 @@ def venv_pythons(root: str | Path, gpus: int) -> dict[str, str]:
     return {"project": project, "trainer": trainer}
 
 
+# harness.train's engine sizes -> vLLM's flags. In a job the launcher starts the engine, so the
+# sizes go to it; the trainer is given the engine's URL and sizes 1 (it refuses sizes with
+# --engine-url: they size an engine it would launch).
+ENGINE_SIZE_FLAGS = {"--engine-tensor-parallel-size": "--tensor-parallel-size",
+                     "--engine-data-parallel-size": "--data-parallel-size"}
+
+
+def engine_sizes(train_args: list[str]) -> dict[str, int]:
+    """The run's engine sizes by harness.train flag (its flags or its --config file; 1 when
+    unset). A size that is not a whole number >= 1 is a LaunchError naming the flag."""
+    sizes = {}
+    for flag in ENGINE_SIZE_FLAGS:
+        value = run_setting(train_args, flag) or "1"
+        try:
+            sizes[flag] = int(value)
+        except ValueError:
+            sizes[flag] = 0
+        if sizes[flag] < 1:
+            raise LaunchError(f"{flag} {value}: must be a whole number >= 1")
+    return sizes
+
+
+def gpu_split(train_args: list[str], gpus: int) -> tuple[list[int], list[int]]:
+    """(the engine's GPUs, the trainer's): the engine takes the first tensor x data parallel
+    GPUs, the trainer the rest. One GPU: they share it (the job warns); none: the CPU path."""
+    engine = 1
+    for size in engine_sizes(train_args).values():
+        engine *= size
+    if gpus == 0:  # the CPU path (--local): no devices to split; the engine takes its sizes
+        return [], []
+    if gpus == 1:
+        if engine > 1:
+            raise LaunchError(f"the engine wants {engine} GPUs (tensor x data parallel) and "
+                              f"{gpus} are visible: pick a flavor with more GPUs")
+        return [0], [0]
+    if engine >= gpus:
+        raise LaunchError(f"the engine wants {engine} of the {gpus} GPUs (tensor x data "
+                          "parallel), leaving none for the trainer: lower "
+                          "--engine-tensor-parallel-size/--engine-data-parallel-size or pick a "
+                          "flavor with more GPUs")
+    return list(range(engine)), list(range(engine, gpus))
+
+
 def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url: str | None,
                     python: str, trainer_python: str | None = None,
                     engine_port: int = ENGINE_PORT,
@@ -162,6 +205,7 @@ def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url
     service and the trainer share a key through $HARNESS_SERVICE_KEY (run_inside sets it).
     """
     train_args = with_run_model(train_args, root)
+    trainer_gpus = len(gpu_split(train_args, gpus)[1])  # before the sizes go to the engine
     engine_url = f"http://127.0.0.1:{engine_port}"
     engine = [python, "-m", "launchers.engine", "--host", "127.0.0.1", "--port", str(engine_port)]
     for flag in ("--model", "--served-model-name"):  # what the engine serves = what agents ask
@@ -169,6 +213,10 @@ def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url
         if value:
             engine += [flag, value]
     engine += ["--weight-transfer-backend", "nccl" if gpus > 0 else "harness_gloo"]
+    for flag, size in engine_sizes(train_args).items():
+        if size > 1:
+            engine += [ENGINE_SIZE_FLAGS[flag], str(size)]
+            train_args = _with_flag(train_args, flag, "1")
     lora_rank = run_setting(train_args, "--lora-rank")
     if lora_rank and lora_rank != "0":  # adapters pushed at run time (trainer/weight_sync/lora.py)
         engine += ["--lora-rank", lora_rank]
@@ -189,11 +237,11 @@ def inside_commands(train_args: list[str], *, gpus: int, local: bool, public_url
         train += ["--sandbox", "e2b"]  # the service's sandboxes, named in each rollout request
     trainer_python = trainer_python or python
     commands = {"engine": engine, "service": service}
-    if gpus > 1:
+    if trainer_gpus > 1:
         # The trainer's own interpreter runs torchrun's module: a bare `torchrun` may not be on
         # PATH, and it must be the trainer venv's.
         commands["trainer"] = [trainer_python, "-m", "torch.distributed.run", "--standalone",
-                               f"--nproc-per-node={gpus - 1}", *train, *train_args]
+                               f"--nproc-per-node={trainer_gpus}", *train, *train_args]
     else:
         commands["trainer"] = [trainer_python, *train, *train_args]
     return commands
@@ -306,10 +354,13 @@ def run_inside(train_args: list[str], *, local: bool, public_url: str | None, sk
     # share a fresh key; the repo is importable from every venv.
     env = {**os.environ, "HARNESS_SERVICE_KEY": secrets.token_urlsafe(32),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    engine_env = {**env, "CUDA_VISIBLE_DEVICES": "0"} if gpus > 0 else env
+    engine_gpus, trainer_gpus = gpu_split(train_args, gpus)
+    engine_env = ({**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, engine_gpus))} if gpus > 0
+                  else env)
     # The service needs no GPU; it must not grab one the engine or the trainer uses.
     service_env = {**env, "CUDA_VISIBLE_DEVICES": ""} if gpus > 0 else env
-    trainer_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(1, gpus)))} if gpus > 1 else env
+    trainer_env = ({**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, trainer_gpus))} if gpus > 1
+                   else env)
     started: list[subprocess.Popen] = []
     try:
         engine = subprocess.Popen(commands["engine"], env=engine_env, start_new_session=True)

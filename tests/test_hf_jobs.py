@@ -328,3 +328,39 @@ def test_a_lora_run_starts_its_engine_with_lora_serving_of_the_runs_rank() -> No
     assert "--enable-lora --max-lora-rank 16 --max-loras 2" in command
     assert engine.environment()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     assert "--enable-lora" not in " ".join(Engine("/models/snap").command(on_gpu=True))
+
+
+def test_the_engines_parallel_sizes_take_the_first_gpus_and_the_trainer_the_rest(tmp_path) -> None:
+    from harness.run.preflight import _engine_parallel_problems
+    from harness.shared.run_config import build_parser, settings_from_args
+    from launchers.hf_jobs_inside import LaunchError, gpu_split, inside_commands
+
+    args = ["--harness", "opencode", "--model", "/models/snap", "--output-dir", "/runs/a",
+            "--engine-tensor-parallel-size", "2", "--engine-data-parallel-size", "2"]
+    cmds = inside_commands(args, gpus=8, local=False, public_url="https://j--8100.hf.jobs",
+                           python="/w/.venv/bin/python")
+    engine = " ".join(cmds["engine"])
+    assert "--tensor-parallel-size 2" in engine and "--data-parallel-size 2" in engine
+    assert "--nproc-per-node=4" in cmds["trainer"]  # 8 GPUs: 2 x 2 for vLLM, 4 ranks
+    assert gpu_split(args, 8) == ([0, 1, 2, 3], [4, 5, 6, 7])
+    # The trainer is given the engine's URL and sizes 1: harness.train accepts it as it runs.
+    trainer_args = cmds["trainer"][cmds["trainer"].index("harness.train") + 1:]
+    settings = settings_from_args(build_parser("t", "t"), trainer_args)
+    assert settings.engine_url and settings.engine_tensor_parallel_size == 1
+    assert _engine_parallel_problems(settings) == []
+    # ...also when the sizes come from the run's --config file
+    config = tmp_path / "run.yaml"
+    config.write_text("engine_tensor_parallel_size: 4\n")
+    from_file = inside_commands(["--config", str(config), "--model", "/m", "--output-dir", "/r"],
+                                gpus=8, local=False, public_url=None, python="/p")
+    assert "--tensor-parallel-size 4" in " ".join(from_file["engine"])
+    assert "--nproc-per-node=4" in from_file["trainer"]
+    assert from_file["trainer"][-2:] == ["--engine-tensor-parallel-size", "1"]  # beats the file
+    # Plain runs keep one engine GPU; sizes that leave the trainer nothing are refused by name.
+    assert gpu_split(["--model", "/m"], 4) == ([0], [1, 2, 3])
+    with pytest.raises(LaunchError, match="leaving none for the trainer"):
+        gpu_split(args, 4)
+    with pytest.raises(LaunchError, match="4 GPUs .* 1 are visible"):
+        inside_commands(args, gpus=1, local=False, public_url=None, python="/p")
+    with pytest.raises(LaunchError, match="--engine-data-parallel-size two"):
+        gpu_split(["--engine-data-parallel-size", "two"], 8)
