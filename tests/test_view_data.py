@@ -255,3 +255,19 @@ def test_a_train_run_serves_its_own_before_after_and_eval_rollouts(tmp_path: Pat
         assert "eval-before" in body["error"]
         status, body = _get(server.url + "api/rollout/99?side=eval-after")
         assert status == 404 and "no rollout 99" in body["error"]
+
+
+def test_the_first_call_after_a_compaction_is_marked_with_the_summary_call_it_carries() -> None:
+    summary = "Summary so far: the numbers were listed three times; next write done.txt."
+    summarizer = _turn("s", None, [1, 2, 3], [4, 5], aux=True)
+    summarizer["metadata"]["aux_reason"] = "summarizer"
+    summarizer["response"]["choices"][0]["message"]["content"] = summary
+    after = _turn("c", None, [7, 8], [9])  # a new root whose messages hold the summary
+    after["metadata"]["join"] = "rewritten"
+    after["request"]["new_messages"] = [{"role": "user", "content": "Task."},
+                                        {"role": "user", "content": f"Earlier: {summary}"}]
+    other = _turn("x", None, [20], [21])  # rewritten too, but it carries no summary
+    other["metadata"]["join"] = "rewritten"
+    turns = turns_view([_turn("a", None, [1, 2], [3]), summarizer, after,
+                        _turn("d", "c", [7, 8, 9, 10], [11]), other])
+    assert [t["compacted_by"] for t in turns] == [None, None, 1, None, None]

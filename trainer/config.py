@@ -80,6 +80,9 @@ class AsyncGRPOConfig:
     # A turn the capture could not place in the agent's own conversation (capture.placement: a
     # call the policy made itself with the session key) makes no rows unless this is True.
     train_unplaced_calls: bool = False
+    # A summarizer call (the agent compacting its history; capture.aux) trains its sampled
+    # tokens with the rollout's advantage when True; False (default until measured): context.
+    train_summary_calls: bool = False
     # --- packing ------------------------------------------------------------------------------
     max_tokens_per_microbatch: int = 8192  # padding-free token budget of one forward
     # Prefix sharing: fold the step's rows into a prefix tree so each shared prefix

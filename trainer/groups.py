@@ -70,6 +70,7 @@ def prepare_group(
     flip: bool = False,
     truncated: str = "train",
     train_unplaced: bool = False,
+    train_summary_calls: bool = False,
 ) -> PreparedGroup:
     """Score, baseline and row-ify one group's rollout results (harness RolloutResult-like)."""
     g = PreparedGroup(group_index=group_index)
@@ -133,7 +134,8 @@ def prepare_group(
         rid = str(getattr(r, "episode_id", None) or id(r))
         rows, report = trace_to_rows(r.trace, rollout_id=rid, group_index=group_index,
                                      dispatch_version=dispatch_version, truncated=truncated,
-                                     train_unplaced=train_unplaced)
+                                     train_unplaced=train_unplaced,
+                                     train_summary_calls=train_summary_calls)
         g.findings.update(report.counts())
         g.sampled_tokens += report.sampled_tokens
         g.rows.extend(rows)

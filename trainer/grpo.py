@@ -305,7 +305,8 @@ class HarnessAsyncGRPOTrainer:
                              shuffle_seed=self.args.seed if self.args.shuffle_rewards else None,
                              flip=self.args.flip_rewards,
                              truncated=self.args.truncated_turns,
-                             train_unplaced=self.args.train_unplaced_calls)
+                             train_unplaced=self.args.train_unplaced_calls,
+                             train_summary_calls=self.args.train_summary_calls)
 
     def _prepare_and_step(self, finished: list, names: list[str], save: bool) -> dict[str, float]:
         t0 = time.perf_counter()

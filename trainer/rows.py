@@ -17,6 +17,14 @@ How turns become rows (one decision: extend a row only on an exact token prefix)
     no open row is a prefix of P (history rewritten,        -> new row: P as context, then the
     compaction, aux call, subagent)                            completion; nothing is dropped
 
+Compaction: an agent that summarises its long history (opencode, Claude Code, Codex) makes a
+summarizer call (capture.aux, all-zero mask in the trace: the capture records what happened,
+the trainer decides) and then goes on from a history that holds the summary: a rewritten history,
+so a new row (capture.placement joins it as `rewritten`). Each surviving context window is its own
+row, as in verifiers v1 (one root-to-leaf branch per window). `train_summary_calls` (off by
+default until measured) trains the summary's sampled tokens with the rollout's advantage, in
+whatever row its prompt extends (its own row when its prompt is a new one, as opencode's is).
+
 There is no "realign" (TRL overwrites a drifted tail as context and loses the sampled tokens'
 credit): a rewrite keeps every sampled token and its logprob in a new row. When several open
 rows are prefixes, the longest one is extended (least repeated context).
@@ -222,9 +230,24 @@ def _versions(meta: dict, fallback: int, tag: str, report: RowsReport) -> tuple[
     return v0, v1
 
 
+def _summary_mask(index: int, node: str, meta: dict, comp_mask: list[int],
+                  report: RowsReport) -> list[int]:
+    """A summarizer call's completion mask when summary calls train: every sampled token, unless
+    the engine gave some of them no usable logprob (the trace then does not say which: the call
+    stays context, counted, rather than train a token against a made-up logprob)."""
+    tag = f"turn {index} ({node})"
+    if meta.get("masked_logprobs"):
+        report.add(WARN, "summary_call_not_trainable", f"{tag}: a summary call with tokens "
+                   f"without a usable logprob {meta['masked_logprobs']}; kept as context")
+        return comp_mask
+    report.add(INFO, "summary_call_trained", f"{tag}: a summary call (compaction) trained with "
+               "the rollout's advantage (train_summary_calls=True)")
+    return [1] * len(comp_mask)
+
+
 def trace_to_rows(
     trace: Any, *, rollout_id: str = "", group_index: int = -1, dispatch_version: int = 0,
-    truncated: str = "train", train_unplaced: bool = False,
+    truncated: str = "train", train_unplaced: bool = False, train_summary_calls: bool = False,
 ) -> tuple[list[Row], RowsReport]:
     """Turn one rollout's TrainingTrace (object or its JSON dict) into rows, losslessly.
 
@@ -234,6 +257,9 @@ def trace_to_rows(
     `train_unplaced`: whether a turn the capture marked `unplaced` (a call outside the agent's own
     conversation, capture.placement) makes rows; by default it is left out, counted as
     `unplaced_turn_left_out`.
+    `train_summary_calls`: whether the sampled tokens of a summarizer call (the agent compacting
+    its history, capture.aux `aux_reason == "summarizer"`) train, with the rollout's advantage
+    like its other tokens (module docstring, "Compaction"); off, they are context only.
     """
     if truncated not in TRUNCATED_POLICIES:
         raise ValueError(f"truncated must be one of {TRUNCATED_POLICIES}, got {truncated!r}")
@@ -270,6 +296,8 @@ def trace_to_rows(
                        "agent's own conversation (capture.placement); no rows "
                        "(train_unplaced_calls=False)")
             continue
+        if train_summary_calls and meta.get("aux_reason") == "summarizer":
+            comp_mask = _summary_mask(index, node, meta, comp_mask, report)
         if truncated == "mask" and _truncated(meta) and any(comp_mask):
             comp_mask = [0] * len(comp_mask)
             report.add(INFO, "truncated_turn_masked", f"turn {index} ({node}): cut by a token "

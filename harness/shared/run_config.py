@@ -108,6 +108,7 @@ class RunSettings:
     shuffle_rewards: bool = False  # the control: rewards permuted within each group
     flip_rewards: bool = False  # the control: each reward r trained as 1 - r
     train_unplaced_calls: bool = False  # capture.placement: calls outside the agent's own chat
+    train_summary_calls: bool = False  # capture.aux summarizer: an agent compacting its history
     shuffle_tasks: bool = True  # train tasks in a fresh order each epoch, seeded by --seed
     # Held-out tasks evaluated before and after training. "auto": lookup:test when --tasks is
     # lookup:train, family:heldout when it is family:train, else none; "none": no evaluation
@@ -169,6 +170,7 @@ class RunSettings:
             flip_rewards=self.flip_rewards,
             shuffle_dataset=self.shuffle_tasks,
             train_unplaced_calls=self.train_unplaced_calls,
+            train_summary_calls=self.train_summary_calls,
             lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, lora_dropout=self.lora_dropout,
             lora_target_modules=tuple(m.strip() for m in self.lora_target_modules.split(",")
                                       if m.strip()),
@@ -269,6 +271,9 @@ def _help(name: str) -> str:
         "train_unplaced_calls": "also train engine calls the capture could not place in the "
                                 "agent's own conversation (made with the agent's key by a "
                                 "command it ran; marked unplaced in the trace)",
+        "train_summary_calls": "also train the calls in which the agent summarises its history "
+                               "to compact it (aux summarizer), with the rollout's advantage "
+                               "(off by default until measured)",
         "shuffle_tasks": "train the tasks in a fresh order each epoch, seeded by --seed "
                          "(--no-shuffle-tasks: the split's order, neighbours in one step)",
         "eval_tasks": "tasks (same forms as --tasks) evaluated before and after training, with a "

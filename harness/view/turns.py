@@ -9,6 +9,9 @@ of an earlier node or a new root: that is a *branch*. Here each turn gets
                 node that already had one, and for each new root after the first
     forks_from  the turn index it branched from (None: it continues its parent, or it is a root)
     depth       how many ancestors it has
+    compacted_by  where the agent compacted its history: on the first call after a compaction
+                the index of the summarizer call (capture.aux) whose summary its prompt carries
+                (the capture joins that call as `rewritten`, capture.placement); else None
 
 and its tokens as [id, text, logprob, mask]: the completion (what the engine sampled) with the
 loss mask the trainer uses (1 = trained, 0 = masked: aux calls, tokens without a usable logprob),
@@ -59,6 +62,31 @@ def _new_messages(request: dict[str, Any], is_first: bool) -> list[dict[str, Any
     return []
 
 
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(part.get("text", "") for part in content
+                        if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""
+
+
+# What of a summary must reappear in a later prompt to call that prompt its compaction (the same
+# evidence capture.placement accepts: the summary's first 160 characters, 40 at least)
+_SUMMARY_HEAD, _MIN_SUMMARY = 160, 40
+
+
+def _compacted_by(view: dict[str, Any], summaries: list[tuple[int, str]]) -> int | None:
+    """The latest summarizer call whose summary this rewritten root's messages carry."""
+    if view["join"] != "rewritten" or not summaries:
+        return None
+    texts = [_text(m.get("content")) for m in view["new_messages"] if isinstance(m, dict)]
+    for index, summary in reversed(summaries):
+        if any(summary[:_SUMMARY_HEAD] in text for text in texts):
+            return index
+    return None
+
+
 def turns_view(turns: list[dict[str, Any]], tokenizer: Any = None) -> list[dict[str, Any]]:
     """Each turn of a trace, in arrival order, ready for the page (see the module docstring)."""
     index_of: dict[Any, int] = {}
@@ -66,6 +94,7 @@ def turns_view(turns: list[dict[str, Any]], tokenizer: Any = None) -> list[dict[
     branch_of: list[int] = []
     next_branch = 0
     out = []
+    summaries: list[tuple[int, str]] = []  # (turn index, summary text) of summarizer calls
     for i, turn in enumerate(turns):
         metadata = dict(turn.get("metadata") or {})
         node_id = _turn_id(turn)
@@ -122,4 +151,8 @@ def turns_view(turns: list[dict[str, Any]], tokenizer: Any = None) -> list[dict[
             "tokens": _tokens(completion, turn.get("per_token_logps"), completion_mask,
                               tokenizer),
         })
+        out[-1]["compacted_by"] = _compacted_by(out[-1], summaries)
+        summary = _text((out[-1]["reply"] or {}).get("content"))
+        if out[-1]["aux_reason"] == "summarizer" and len(summary) >= _MIN_SUMMARY:
+            summaries.append((i, summary))
     return out

@@ -57,6 +57,10 @@ class HarnessAgent(BaseAgent):
       max_steps:    the agent's own step/turn limit
       timeout_s:    the agent command is killed after this many seconds
       preinstalled: True = use the host's CLI (local sandbox); False = install it with Harbor
+      context_window: None (default) = the CLI's own idea of the model's window; N = tell the CLI
+                    the model holds N tokens, so it compacts its history (summarises it) well
+                    before the engine's limit. A test and measurement knob (issue 34: compaction
+                    is trainable); each agent's module says which of its settings it sets.
     """
 
     NAME: ClassVar[str]
@@ -81,6 +85,7 @@ class HarnessAgent(BaseAgent):
         max_steps: int = 30,
         timeout_s: float = 600.0,
         preinstalled: bool = True,
+        context_window: int | None = None,
         **kwargs: Any,
     ) -> None:
         # Harbor's own `base_url` kwarg is for its model-connection resolver, which we bypass:
@@ -90,11 +95,14 @@ class HarnessAgent(BaseAgent):
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if context_window is not None and context_window < 1024:
+            raise ValueError(f"context_window must be None or >= 1024 tokens, got {context_window}")
         self.endpoint_url = base_url.rstrip("/")
         self.api_key = api_key
         self.max_steps = max_steps
         self.timeout_s = timeout_s
         self.preinstalled = preinstalled
+        self.context_window = context_window
         self.home = _FALLBACK_HOME
         self.result: ExecResult | None = None
 

@@ -14,6 +14,14 @@ part of the task (it named files after its words). Without them the tail after t
 is ~1k tokens (the environment, the deferred tools, the agent types); the Workflow tool's
 description then carries its authoring reference inline, so the whole prompt grows from 17.4k
 to 21.0k tokens, all of it before the instruction (one prefix, cached once by vLLM).
+
+`context_window` (a test/measurement knob, off by default). Claude Code 2.1's auto-compact
+window comes from `CLAUDE_CODE_AUTO_COMPACT_WINDOW`, but it refuses a window under 100k tokens
+(its bundle: values below `1e5` are "below_minimum" and read as 1e5). Under that, the one other
+knob is `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` (its "testPctOverride"): the compaction threshold is
+`min(window_eff * pct / 100, window_eff - 13000)` with `window_eff = window - min(max output,
+20000)` = 80k for a 100k window. So N >= 100k sets the window; a smaller N keeps the 100k window
+and sets pct = 100 N / 80000, which puts the threshold at N tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ from typing import ClassVar
 from harness.service.agents.base import Dialect, HarnessAgent
 
 __all__ = ["ClaudeCodeAgent"]
+
+_MIN_COMPACT_WINDOW = 100_000  # the smallest CLAUDE_CODE_AUTO_COMPACT_WINDOW it accepts
+_OUTPUT_RESERVE = 20_000  # what it keeps for the reply out of that window (module doc)
 
 
 class ClaudeCodeAgent(HarnessAgent):
@@ -57,7 +68,18 @@ class ClaudeCodeAgent(HarnessAgent):
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",
+            **self._compact_env(),
         }
+
+    def _compact_env(self) -> dict[str, str]:
+        window = self.context_window
+        if window is None:
+            return {}
+        if window >= _MIN_COMPACT_WINDOW:
+            return {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window)}
+        pct = 100 * window / (_MIN_COMPACT_WINDOW - _OUTPUT_RESERVE)
+        return {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(_MIN_COMPACT_WINDOW),
+                "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": f"{pct:.3f}"}
 
     def command(self, instruction: str) -> list[str]:
         return [

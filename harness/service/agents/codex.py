@@ -9,6 +9,11 @@ its model call past `max_steps` (`PROXY_STEP_LIMIT`, a 403) and the session stop
 sees the refusal or a call past `max_steps` (`NATIVE_STEP_LIMIT = False`): its last allowed reply
 and the tools it asks for run; the timeout still applies. Without the refusal, the session's 1 s
 poll let Codex make 5 calls of a 1-step rollout against an instant engine.
+
+`context_window` (a test/measurement knob, off by default): `model_context_window = N` and
+`model_auto_compact_token_limit = 0.9 N` in config.toml (Codex's own keys): past that many
+tokens Codex sends its "CONTEXT CHECKPOINT COMPACTION" request and goes on from a history that
+holds the summary (tests/test_compaction_agents.py).
 """
 
 from __future__ import annotations
@@ -59,6 +64,10 @@ class CodexAgent(HarnessAgent):
             "stream_max_retries = 1",
             "",
         ]
+        if self.context_window is not None:
+            # top-level keys: they must come before the first [table]
+            lines[5:5] = [f"model_context_window = {self.context_window}",
+                          f"model_auto_compact_token_limit = {self.context_window * 9 // 10}"]
         return {".codex/config.toml": "\n".join(lines)}
 
     def env(self) -> dict[str, str]:

@@ -14,6 +14,14 @@ model made 5 steps in a 1-step rollout, until the session's call ceiling), so th
 that call (`PROXY_STEP_LIMIT`: a call that offers tools past max_steps gets a 403). Models, LSP
 and update downloads are switched off: the sandbox has no network but the proxy, and each attempt
 would cost a timeout.
+
+`context_window` (a test/measurement knob, off by default): the model's
+`limit: {context: N, output: min(4096, N // 4)}` in the provider's model entry. opencode 1.18
+compacts when a reply's usage (prompt + completion tokens) reaches `context - output` (its
+bundle: `SessionCompaction.isOverflow`; `compaction.auto` defaults to true): it then sends its
+"context summarization agent" call without tools and goes on from a history that holds the
+summary (tests/test_compaction_agents.py). An unset `output` would count as its 32k output cap
+and make every window under that compact at once.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ class OpenCodeAgent(HarnessAgent):
                     "npm": "@ai-sdk/openai-compatible",
                     "name": "Harness capture proxy",
                     "options": {"baseURL": self.endpoint_url, "apiKey": self.api_key},
-                    "models": {model: {"name": model}},
+                    "models": {model: self._model_entry(model)},
                 }
             },
             "agent": {"build": {"steps": self.max_steps + 1}},  # + its wrap-up (module doc)
@@ -67,6 +75,12 @@ class OpenCodeAgent(HarnessAgent):
             "formatter": False,
         }
         return {_CONFIG: json.dumps(config, indent=2)}
+
+    def _model_entry(self, model: str) -> dict[str, object]:
+        if self.context_window is None:
+            return {"name": model}
+        window = self.context_window
+        return {"name": model, "limit": {"context": window, "output": min(4096, window // 4)}}
 
     def env(self) -> dict[str, str]:
         return {

@@ -258,7 +258,7 @@ function graphSvg(turns) {
     return `<path d="M${x(p)},${y(p)} C${x(p)},${y(t) - row / 2} ${x(t)},${y(p) + row / 2} ${x(t)},${y(t)}" stroke="${LANES[t.branch % LANES.length]}" fill="none" stroke-width="2"/>`;
   }).join("");
   const nodes = turns.map(t => `<a class="graph-node" data-turn="${t.i}" style="cursor:pointer"><circle cx="${x(t)}" cy="${y(t)}" r="6" fill="${t.aux ? "#fff" : LANES[t.branch % LANES.length]}" stroke="${LANES[t.branch % LANES.length]}" stroke-width="2"/>
-    <text x="${14 + lanes * col}" y="${y(t) + 4}" font-size="11">turn ${t.i}${t.aux ? ` · aux (${esc(t.aux_reason || "aux")})` : ""}${t.forks_from !== null ? (t.forks_from === -1 ? " · new root (its prompt extends no earlier call)" : ` · branch from turn ${t.forks_from} (history rewritten)`) : ""} · ${t.n_trained}/${t.n_completion_tokens} tokens trained</text></a>`).join("");
+    <text x="${14 + lanes * col}" y="${y(t) + 4}" font-size="11">turn ${t.i}${t.aux ? ` · aux (${esc(t.aux_reason || "aux")})` : ""}${t.compacted_by !== null && t.compacted_by !== undefined ? ` · compacted (summary: turn ${t.compacted_by})` : ""}${t.forks_from !== null ? (t.forks_from === -1 ? " · new root (its prompt extends no earlier call)" : ` · branch from turn ${t.forks_from} (history rewritten)`) : ""} · ${t.n_trained}/${t.n_completion_tokens} tokens trained</text></a>`).join("");
   return `<svg width="${40 + lanes * col + 600}" height="${turns.length * row + 10}">${edges}${nodes}</svg>`;
 }
 
@@ -314,6 +314,7 @@ function turnHtml(t) {
     : `<span class="badge fork">branch from turn ${t.forks_from}: history rewritten</span>`;
   return `<div class="turn ${t.aux ? "aux" : ""}" id="turn-${t.i}" style="--lane:${lane}">
     <div class="turn-head"><b>turn ${t.i}</b><span class="badge branch">branch ${t.branch}</span>${fork}
+      ${t.compacted_by !== null && t.compacted_by !== undefined ? `<span class="badge compacted">history compacted here: the prompt carries turn ${t.compacted_by}'s summary</span>` : ""}
       ${t.aux ? `<span class="badge aux">aux call: ${esc(t.aux_reason || "aux")} (not trained)</span>` : ""}
       <span class="muted">${esc(t.dialect || "")}${t.join ? " · joined: " + esc(t.join) : ""} · parent ${t.parent === null ? "none" : "turn " + t.parent}
       · weights v${fmt(t.weight_version[0])}→v${fmt(t.weight_version[1])} · ${t.latency_s === null || t.latency_s === undefined ? "" : t.latency_s.toFixed(2) + " s ·"}
