@@ -10,7 +10,12 @@ The rule is structural first, text second, in this order:
 
     count_probe              the agent capped the call at <= 1 output token: a probe, not a turn
     title_generator          a call without tools whose system prompt / last message asks for a title
-    summarizer               a call without tools that asks to summarise or compact
+    summarizer               a call without tools that asks to summarise or compact; or a call
+                             WITH tools whose last user message asks for a summary and forbids
+                             tools (Claude Code 2.1 sends its compaction request with its whole
+                             tool manifest, for the prompt cache, and "CRITICAL: Respond with TEXT
+                             ONLY. Do NOT call any tools. ... a <summary> block":
+                             tests/test_compaction_agents.py)
     no_tools_in_tool_session the session sends tools on some calls and this one has none
 
 Why structure decides and text only names: coding agents always send their tool manifest on a real
@@ -19,6 +24,10 @@ their side calls send none. Text matching alone needed a new entry per agent and
 agents nobody profiled (OpenEnv's lesson); it is used here only for calls that already have no
 tools, to name the reason. A session that never sends tools (an agent that parses tool calls out of
 text) has no structural signal, so only probes and explicit title/summary calls are tagged there.
+
+The one text rule on a call with tools (summarizer) needs both a summary word and a no-tools
+order in the last user message, and only after an earlier call with tools (a compaction follows
+work; the task arrives on the first call): a task that says "summarise" stays the agent's turn.
 
 No user hook is needed for opencode, Claude Code, Codex or mini-swe-agent.
 """
@@ -32,6 +41,8 @@ __all__ = ["aux_hint", "classify"]
 
 _TITLE_WORDS = ("title",)
 _SUMMARY_WORDS = ("summar", "compact")
+# A compaction request that still sends the tools says not to use them (Claude Code 2.1)
+_NO_TOOLS_ORDERS = ("do not call any tools", "respond with text only")
 HINT_CHARS = 400
 
 
@@ -49,7 +60,17 @@ def aux_hint(messages: list[Any]) -> str:
         if isinstance(message, dict) and message.get("role") == "user":
             last_user = message.get("content")
             break
-    return f"{system}\n{_text(last_user)[:HINT_CHARS]}".lower()
+    return f"{system}\n{_LAST_USER}{_text(last_user)[:HINT_CHARS]}".lower()
+
+
+_LAST_USER = "\x00last user: "  # separates the two parts of a hint (no prompt holds a NUL)
+
+
+def _compaction_with_tools(hint: str) -> bool:
+    """A summary request whose last user message forbids the tools it was sent with."""
+    _, _, last_user = hint.rpartition(_LAST_USER)
+    return any(order in last_user for order in _NO_TOOLS_ORDERS) and \
+        any(word in last_user for word in _SUMMARY_WORDS)
 
 
 def _text(content: Any) -> str:
@@ -68,15 +89,17 @@ def classify(calls: Iterable[dict[str, Any]]) -> list[str | None]:
     infos = list(calls)
     session_uses_tools = any(info.get("n_tools", 0) > 0 for info in infos)
     reasons: list[str | None] = []
+    worked = False  # an earlier call of this session sent tools
     for info in infos:
         cap = info.get("max_tokens_requested")
         if isinstance(cap, int) and cap <= 1:
             reasons.append("count_probe")
             continue
-        if info.get("n_tools", 0) > 0:
-            reasons.append(None)
-            continue
         hint = info.get("hint", "")
+        if info.get("n_tools", 0) > 0:
+            reasons.append("summarizer" if worked and _compaction_with_tools(hint) else None)
+            worked = True
+            continue
         if any(word in hint for word in _TITLE_WORDS):
             reasons.append("title_generator")
         elif any(word in hint for word in _SUMMARY_WORDS):

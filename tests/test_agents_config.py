@@ -178,3 +178,28 @@ def test_setup_writes_the_config_into_the_sandbox_home_private_to_the_sandbox(na
     assert body == next(iter(agent.config_files().values()))
     host_twin = Path.home() / next(iter(agent.config_files()))  # same path on the host
     assert not host_twin.exists() or SECRET not in host_twin.read_text(errors="ignore")
+
+
+def test_a_context_window_is_told_to_each_agent_that_compacts_and_nothing_by_default():
+    # opencode compacts at context - output = 16000 - 4000; Codex at 0.9 x 16000 = 14400;
+    # Claude Code keeps its 100k minimum window and puts its threshold at 16000 / 80000 = 20%
+    opencode = json.loads(_agent(get_agent("opencode"), context_window=16_000)
+                          .config_files()[".config/opencode/opencode.json"])
+    assert opencode["provider"]["harness"]["models"]["tiny"]["limit"] == {"context": 16_000,
+                                                                         "output": 4_000}
+    codex = tomllib.loads(_agent(get_agent("codex"), context_window=16_000)
+                          .config_files()[".codex/config.toml"])
+    assert (codex["model_context_window"], codex["model_auto_compact_token_limit"]) == (
+        16_000, 14_400)
+    claude = _agent(get_agent("claude-code"), context_window=16_000).full_env()
+    assert claude["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "100000"
+    assert claude["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "20.000"
+    assert _agent(get_agent("claude-code"), context_window=150_000).full_env()[
+        "CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "150000"
+    for name in AGENTS:  # unset: no agent is told anything about its window
+        told = _everything(_agent(get_agent(name)))
+        assert not any(knob in told for knob in (
+            '"limit": {"context"', "model_context_window", "auto_compact", "AUTOCOMPACT",
+            "AUTO_COMPACT")), name
+    with pytest.raises(ValueError, match="context_window"):
+        _agent(get_agent("opencode"), context_window=10)

@@ -314,3 +314,19 @@ def test_a_linear_session_and_its_retries_never_reparse_the_history(monkeypatch)
             assert retry.parent_id == node.parent_id
         end = prompt + [9]
     assert max(parsed) <= 3  # only new ids were ever parsed (2 new + at most 1 completion)
+
+
+def test_a_compaction_request_sent_with_tools_is_a_summarizer_only_after_the_agent_worked():
+    # Claude Code 2.1 sends its compaction request with its whole tool manifest (measured,
+    # tests/test_compaction_agents.py); its last user message orders text only and a summary
+    order = aux_hint([{"role": "user", "content": "CRITICAL: Respond with TEXT ONLY. Do NOT call "
+                       "any tools.\n- Your entire response must be plain text: an <analysis> "
+                       "block followed by a <summary> block."}])
+    task = aux_hint([{"role": "user", "content": "Summarize app.log. Do not call any tools you "
+                      "do not need; respond with text only."}])
+    plain = aux_hint([{"role": "user", "content": "Summarize app.log into summary.txt."}])
+    assert classify([{"n_tools": 24, "hint": order}]) == [None]  # the first call: the task
+    assert classify([{"n_tools": 24, "hint": task}, {"n_tools": 24, "hint": order}]) == [
+        None, "summarizer"]
+    assert classify([{"n_tools": 24, "hint": plain}, {"n_tools": 24, "hint": plain}]) == [
+        None, None]  # a summary word without a no-tools order is the agent's turn

@@ -53,9 +53,9 @@ MAX_LONG = 12  # long commands before the script gives up waiting for a compacti
 
 # agent -> (its CLI name for launchers.paths.agent_bin, its dialect, the window told to it).
 # The windows sit a few long outputs above each agent's first prompt with the tiny tokenizer
-# (measured: opencode ~6.5k tokens, Codex ~5k, Claude Code ~21k).
+# (measured: opencode 9.7k tokens, Codex 13.1k, Claude Code ~21k; one `seq` output ~3.4k).
 AGENTS = {"opencode": ("opencode", "chat", 16_000),
-          "codex": ("codex", "responses", 12_000),
+          "codex": ("codex", "responses", 17_000),
           "claude-code": ("claude", "messages", 28_000)}
 
 
@@ -69,17 +69,23 @@ def _text(content: Any) -> str:
 
 
 def asks_for_summary(request: dict[str, Any]) -> bool:
-    """The agent's compaction call: its system prompt or last user message asks to summarise or
-    compact, and the summary is not already in its last message (the call after compaction)."""
+    """The agent's compaction call: it ends on a user message (not a tool result), that message
+    or the system prompt asks to summarise or compact (Codex and Claude Code append the request
+    as a user message; opencode's summarizer has its own system prompt), and that message does
+    not already carry the summary (the first call after the compaction ends on one that does)."""
     messages = request["messages"]
-    last = _text(messages[-1].get("content")) if messages else ""
+    last = messages[-1] if messages else {}
+    if last.get("role") != "user" or MARK in _text(last.get("content")):
+        return False
     hint = aux_hint(messages)
-    return MARK not in last and ("summar" in hint or "compact" in hint)
+    return "summar" in hint or "compact" in hint
 
 
 def compaction_task() -> Callable[[dict[str, Any]], str]:
     """Long shell outputs until the agent asks for a summary; then the summary; after it (the
-    history carries MARK) one short command and the end. A call without tools gets a title."""
+    history carries MARK) the short command once and the end. A call without tools gets a title.
+    Claude Code keeps the last messages before the compaction verbatim after the summary, so
+    "once" is read from the assistant's calls, not from a count of tool results."""
 
     def script(request: dict[str, Any]) -> str:
         if asks_for_summary(request):
@@ -89,8 +95,9 @@ def compaction_task() -> Callable[[dict[str, Any]], str]:
         messages = request["messages"]
         carried = [i for i, m in enumerate(messages) if MARK in _text(m.get("content"))]
         if carried:  # after the compaction
-            done = sum(1 for m in messages[carried[-1]:] if m.get("role") == "tool")
-            return shell_call(request, LAST) if done == 0 else FINAL
+            ran_last = any(LAST in json.dumps(m.get("tool_calls") or [])
+                           for m in messages[carried[-1]:] if m.get("role") == "assistant")
+            return FINAL if ran_last else shell_call(request, LAST)
         step = sum(1 for m in messages if m.get("role") == "tool")
         return shell_call(request, LONG) if step < MAX_LONG else FINAL
 
