@@ -15,7 +15,10 @@ conversation:
                             agent was given it): a template that drops old reasoning, a swapped
                             system prompt (Claude Code at call ~6), a re-rendered history
     compaction              a root whose messages carry the reply of one of the session's
-                            summarizer calls (capture.aux): the history after a compaction
+                            summarizer calls (capture.aux): the history after a compaction. A
+                            reply with a `<summary>` block counts by that block: Claude Code asks
+                            for `<analysis>...</analysis><summary>...</summary>`, re-asks once
+                            when the block is missing, and goes on with the block's text only
 
 Anything else is `unplaced` (trace metadata `unplaced: true`, counted in the stats as
 `unplaced`). Aux calls are never unplaced: they are already untrained (capture.aux).
@@ -44,7 +47,7 @@ from typing import Any
 
 from .graph import Node
 
-__all__ = ["JOINS", "join_counts", "join_kinds", "unplaced_nodes"]
+__all__ = ["JOINS", "join_counts", "join_kinds", "summary_body", "unplaced_nodes"]
 
 _MIN_SUMMARY_CHARS = 40  # a summary shorter than this is no evidence of a compaction
 
@@ -59,7 +62,7 @@ def unplaced_nodes(turns: Sequence[tuple[Node, str | None]]) -> set[str]:
         if aux_reason is not None:
             placed.add(node.node_id)  # untrained anyway; its descendants are judged on their own
             if aux_reason == "summarizer":
-                text = _reply_text(node)
+                text = summary_body(_reply_text(node))
                 if len(text) >= _MIN_SUMMARY_CHARS:
                     summaries.append(text)
             continue
@@ -81,6 +84,16 @@ def unplaced_nodes(turns: Sequence[tuple[Node, str | None]]) -> set[str]:
         else:
             unplaced.add(node.node_id)
     return unplaced
+
+
+def summary_body(reply: str) -> str:
+    """The part of a summarizer's reply an agent carries on: its `<summary>` block if it has
+    one (Claude Code drops the `<analysis>` before it), else the whole reply."""
+    start = reply.find("<summary>")
+    if start < 0:
+        return reply.strip()
+    end = reply.find("</summary>", start)
+    return reply[start + len("<summary>"):end if end >= 0 else None].strip()
 
 
 def _root_messages(node: Node) -> list[Any]:

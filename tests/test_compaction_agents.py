@@ -44,8 +44,11 @@ pytestmark = [pytest.mark.agents, pytest.mark.slow]
 POLICY = {"temperature": 1.0, "max_tokens": 256}
 TASK = "List the numbers with seq a few times, then write done.txt."
 MARK = "CHECKPOINT-7Q"
-SUMMARY = (f"{MARK}: the numbers were listed with seq several times and read; what is left is "
-           "to write done.txt and finish.")
+SUMMARY_TEXT = (f"{MARK}: the numbers were listed with seq several times and read; what is "
+                "left is to write done.txt and finish.")
+# As Claude Code asks (it re-asks once without the block, and carries only the block's text on);
+# opencode and Codex carry the whole reply
+SUMMARY = f"<analysis>Seq ran; done.txt is next.</analysis>\n<summary>\n{SUMMARY_TEXT}\n</summary>"
 LONG = "seq 100000 100600"  # ~4.2k characters of output: the history grows fast
 LAST = "echo done > done.txt"
 FINAL = "done.txt is written; the task is finished."

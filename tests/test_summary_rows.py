@@ -98,3 +98,12 @@ def test_the_summary_row_gets_the_rollouts_advantage_when_trained(on: bool) -> N
                     if row.node_ids == ["s"]]
     assert [a for _, a in summary_rows] == [0.5, -0.5]
     assert [row.n_trainable for row, _ in summary_rows] == ([3, 3] if on else [0, 0])
+
+
+def test_the_run_setting_reaches_the_trainer_and_is_off_by_default() -> None:
+    from harness.shared.run_config import build_parser, settings_from_args
+
+    on = settings_from_args(build_parser("t", "d"), ["--train-summary-calls"])
+    off = settings_from_args(build_parser("t", "d"), [])
+    assert on.trainer_config().train_summary_calls is True
+    assert off.trainer_config().train_summary_calls is False

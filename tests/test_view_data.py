@@ -261,11 +261,13 @@ def test_the_first_call_after_a_compaction_is_marked_with_the_summary_call_it_ca
     summary = "Summary so far: the numbers were listed three times; next write done.txt."
     summarizer = _turn("s", None, [1, 2, 3], [4, 5], aux=True)
     summarizer["metadata"]["aux_reason"] = "summarizer"
-    summarizer["response"]["choices"][0]["message"]["content"] = summary
+    # Claude Code's shape: it carries on only the <summary> block (capture.placement.summary_body)
+    summarizer["response"]["choices"][0]["message"]["content"] = (
+        f"<analysis>Looked at the runs.</analysis>\n<summary>\n{summary}\n</summary>")
     after = _turn("c", None, [7, 8], [9])  # a new root whose messages hold the summary
     after["metadata"]["join"] = "rewritten"
     after["request"]["new_messages"] = [{"role": "user", "content": "Task."},
-                                        {"role": "user", "content": f"Earlier: {summary}"}]
+                                        {"role": "user", "content": f"Summary:\n{summary}"}]
     other = _turn("x", None, [20], [21])  # rewritten too, but it carries no summary
     other["metadata"]["join"] = "rewritten"
     turns = turns_view([_turn("a", None, [1, 2], [3]), summarizer, after,

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from capture.placement import summary_body
+
 __all__ = ["turns_view"]
 
 
@@ -152,7 +154,7 @@ def turns_view(turns: list[dict[str, Any]], tokenizer: Any = None) -> list[dict[
                               tokenizer),
         })
         out[-1]["compacted_by"] = _compacted_by(out[-1], summaries)
-        summary = _text((out[-1]["reply"] or {}).get("content"))
+        summary = summary_body(_text((out[-1]["reply"] or {}).get("content")))
         if out[-1]["aux_reason"] == "summarizer" and len(summary) >= _MIN_SUMMARY:
             summaries.append((i, summary))
     return out
