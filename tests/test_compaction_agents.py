@@ -22,6 +22,22 @@ and the end. Checked for each agent:
 
 mini-swe-agent never compacts (its history only grows until its step or cost limit), so it is
 not here.
+
+What a compaction looks like (measured here; join, aux reason, prompt ids):
+
+    opencode     title new_root; turn new_root 9.7k; extended 13.2k; summarizer new_root 3.9k
+                 (its own system prompt, the transcript as one user message, no tools);
+                 rewritten 9.9k (task + summary + "Continue if you have next steps"); extended
+    Codex        turn new_root 13.2k; extended 16.7k; summarizer new_root 13.9k (the history +
+                 "CONTEXT CHECKPOINT COMPACTION", no tools); rewritten 13.4k ("Another language
+                 model started to solve this problem ... summary"); extended
+    Claude Code  turn new_root 21.1k; extended; extended 28.0k; summarizer branched 30.2k (the
+                 history + "Respond with TEXT ONLY ... <summary> block", WITH its tools: the aux
+                 rule reads that order, capture/aux.py); rewritten 25.0k ("This session is being
+                 continued ... Summary:" + the block + the last messages kept verbatim); extended
+
+A window below an agent's first prompt makes it compact before every call: Codex at 12k made
+1,412 summary calls in 300 s (each post-compaction prompt was again over its limit).
 """
 
 from __future__ import annotations

@@ -60,7 +60,9 @@ class HarnessAgent(BaseAgent):
       context_window: None (default) = the CLI's own idea of the model's window; N = tell the CLI
                     the model holds N tokens, so it compacts its history (summarises it) well
                     before the engine's limit. A test and measurement knob (issue 34: compaction
-                    is trainable); each agent's module says which of its settings it sets.
+                    is trainable); each agent's module says which of its settings it sets;
+                    mini-swe-agent never compacts and ignores it. N must leave room for the
+                    agent's own first prompt, or it compacts before every call.
     """
 
     NAME: ClassVar[str]

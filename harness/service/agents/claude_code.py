@@ -21,7 +21,9 @@ window comes from `CLAUDE_CODE_AUTO_COMPACT_WINDOW`, but it refuses a window und
 knob is `CLAUDE_AUTOCOMPACT_PCT_OVERRIDE` (its "testPctOverride"): the compaction threshold is
 `min(window_eff * pct / 100, window_eff - 13000)` with `window_eff = window - min(max output,
 20000)` = 80k for a 100k window. So N >= 100k sets the window; a smaller N keeps the 100k window
-and sets pct = 100 N / 80000, which puts the threshold at N tokens.
+and sets pct = 100 N / 80000, which puts the threshold at N tokens. Its compaction request
+carries all its tools and orders text only (capture/aux.py tags it by that order); it asks for
+`<analysis>` + `<summary>` and carries only the summary block on (capture/placement.py).
 """
 
 from __future__ import annotations
