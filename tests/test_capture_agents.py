@@ -34,8 +34,6 @@ Run: .venv/bin/python -m pytest tests/test_capture_agents.py -q -s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,13 +41,12 @@ from typing import Any
 import pytest
 
 from harness.audit.scripted_engine import ScriptedEngine, scripted_logprob, shell_task, tool_call
+from tests.helpers.agent_cli import prepare_agent, run_agent
 from tests.helpers.prefix_oracle import turn_parent
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 
-AGENT_TIMEOUT_S = 300
 TASK = "Create a file named hello.txt containing the word hello."
-POLICY = {"temperature": 1.0, "max_tokens": 256}
 MARK = "wrote-hello"  # what the command prints: it must come back to the engine as a tool result
 COMMAND = f"echo hello > hello.txt && echo {MARK}"
 FINAL = "Done: hello.txt holds hello."
@@ -67,47 +64,6 @@ def scripted(tiny_model_path: Path) -> Iterator[tuple[ScriptedEngine, Any]]:
             CaptureServer(engine.url) as proxy, \
             CaptureClient(proxy.url, proxy.admin_key) as admin:
         yield engine, admin
-
-
-def _agent(name: str) -> Path:
-    from launchers.paths import agent_bin
-
-    try:
-        return agent_bin(name)
-    except Exception as exc:  # noqa: BLE001 - the message names ./setup.sh
-        # ./setup.sh installs every agent: a missing one is a set-up defect, not a reason to skip.
-        pytest.fail(f"{name} is not installed here: {exc}")
-
-
-def _prepare(admin: Any, root: Path, name: str, config_dir: str):
-    """The agent's binary, a fresh capture session, and an empty HOME (with its config dir) and
-    work dir for it under `root`."""
-    binary = _agent(name)
-    info = admin.create_session(sampling=POLICY)
-    home, work = root / "home", root / "work"
-    (home / config_dir).mkdir(parents=True)
-    work.mkdir()
-    return binary, info, home, work
-
-
-def run_agent(argv: list[str], home: Path, work: Path, env: dict[str, str]) -> str:
-    """Run one agent CLI to its end or the timeout; returns its output tail for diagnostics."""
-    base = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
-    full_env = {**base, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-                "XDG_DATA_HOME": str(home / ".local/share"),
-                "XDG_STATE_HOME": str(home / ".local/state"),
-                "XDG_CACHE_HOME": str(home / ".cache"), "NO_COLOR": "1", "CI": "1",
-                "PWD": str(work), **env}
-    process = subprocess.Popen(argv, cwd=work, env=full_env, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=AGENT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        output, _ = process.communicate()
-        output += f"\n[test] the agent was killed after {AGENT_TIMEOUT_S} s".encode()
-    return output.decode("utf-8", "replace")[-4000:]
 
 
 def engine_request(engine: ScriptedEngine, turn: dict[str, Any]) -> dict[str, Any]:
@@ -176,7 +132,7 @@ def check_capture(engine: ScriptedEngine, admin: Any, info: Any, work: Path, out
 
 def test_opencode_streaming_chat_is_captured_with_its_title_call_tagged(scripted, tmp_path):
     engine, admin = scripted
-    binary, info, home, work = _prepare(admin, tmp_path, "opencode", ".config/opencode")
+    binary, info, home, work = prepare_agent(admin, tmp_path, "opencode", ".config/opencode")
     config = {
         "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
         "model": "capture/tiny", "small_model": "capture/tiny",
@@ -202,7 +158,7 @@ def test_opencode_streaming_chat_is_captured_with_its_title_call_tagged(scripted
 
 def test_claude_code_streaming_messages_are_captured(scripted, tmp_path):
     engine, admin = scripted
-    binary, info, home, work = _prepare(admin, tmp_path, "claude", ".claude")
+    binary, info, home, work = prepare_agent(admin, tmp_path, "claude", ".claude")
     (home / ".claude/.claude.json").write_text('{"hasCompletedOnboarding": true}\n')
     env = {"ANTHROPIC_BASE_URL": info.base_urls["messages"], "ANTHROPIC_API_KEY": info.secret,
            "CLAUDE_CONFIG_DIR": str(home / ".claude"), "IS_SANDBOX": "1",
@@ -221,7 +177,7 @@ def test_claude_code_streaming_messages_are_captured(scripted, tmp_path):
 
 def test_codex_streaming_responses_are_captured(scripted, tmp_path):
     engine, admin = scripted
-    binary, info, home, work = _prepare(admin, tmp_path, "codex", ".codex")
+    binary, info, home, work = prepare_agent(admin, tmp_path, "codex", ".codex")
     (home / ".codex/config.toml").write_text("\n".join([
         'model = "tiny"', 'model_provider = "capture"', 'approval_policy = "never"',
         'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
@@ -240,7 +196,7 @@ def test_codex_streaming_responses_are_captured(scripted, tmp_path):
 def test_mini_swe_agent_non_streaming_chat_is_captured(scripted, tmp_path):
     engine, admin = scripted
     engine.script = shell_task(COMMAND, MINI_SUBMIT)  # it stops on its submit command's output
-    binary, info, home, work = _prepare(admin, tmp_path, "mini", ".config/mini-swe-agent")
+    binary, info, home, work = prepare_agent(admin, tmp_path, "mini", ".config/mini-swe-agent")
     config_path = home / ".config/mini-swe-agent/capture.yaml"
     config_path.write_text(json.dumps({
         "model": {"model_kwargs": {"api_base": info.base_urls["chat"], "api_key": info.secret,

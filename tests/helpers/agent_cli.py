@@ -1,10 +1,9 @@
 """Each agent CLI run once against a capture session, on the host, with a throwaway HOME.
 
-The same launch lines as tests/test_capture_agents.py (which keeps its own copy): a temp HOME /
-XDG / CODEX_HOME / CLAUDE_CONFIG_DIR so no file of the host is read or written, each agent's
-config pointing at the session's base URL for its dialect, a timeout. Used by
-tests/test_thinking_agents.py. A missing agent is a set-up defect (./setup.sh installs every
-one): it fails, never skips.
+The launch lines of tests/test_capture_agents.py and of the thinking and compaction tests: a
+temp HOME / XDG / CODEX_HOME / CLAUDE_CONFIG_DIR so no file of the host is read or written, each
+agent's config pointing at the session's base URL for its dialect, a timeout. A missing agent is
+a set-up defect (./setup.sh installs every one): it fails, never skips.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["AGENT_RUNS", "MINI_SUBMIT", "TASK", "run_agent"]
+__all__ = ["AGENT_RUNS", "MINI_SUBMIT", "TASK", "prepare_agent", "run_agent"]
 
 AGENT_TIMEOUT_S = 300
 TASK = "Create a file named hello.txt containing the word hello."
@@ -34,7 +33,7 @@ def _agent(name: str) -> Path:
         pytest.fail(f"{name} is not installed here: {exc}")
 
 
-def _prepare(admin: Any, root: Path, name: str, config_dir: str):
+def prepare_agent(admin: Any, root: Path, name: str, config_dir: str):
     """The agent's binary, a fresh capture session, and an empty HOME (with its config dir) and
     work dir for it under `root`."""
     binary = _agent(name)
@@ -66,7 +65,7 @@ def run_agent(argv: list[str], home: Path, work: Path, env: dict[str, str]) -> s
 
 
 def _opencode(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
-    binary, info, home, work = _prepare(admin, tmp_path, "opencode", ".config/opencode")
+    binary, info, home, work = prepare_agent(admin, tmp_path, "opencode", ".config/opencode")
     config = {
         "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
         "model": "capture/tiny", "small_model": "capture/tiny",
@@ -87,7 +86,7 @@ def _opencode(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
 
 
 def _claude(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
-    binary, info, home, work = _prepare(admin, tmp_path, "claude", ".claude")
+    binary, info, home, work = prepare_agent(admin, tmp_path, "claude", ".claude")
     (home / ".claude/.claude.json").write_text('{"hasCompletedOnboarding": true}\n')
     env = {"ANTHROPIC_BASE_URL": info.base_urls["messages"], "ANTHROPIC_API_KEY": info.secret,
            "CLAUDE_CONFIG_DIR": str(home / ".claude"), "IS_SANDBOX": "1",
@@ -103,7 +102,7 @@ def _claude(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
 
 
 def _codex(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
-    binary, info, home, work = _prepare(admin, tmp_path, "codex", ".codex")
+    binary, info, home, work = prepare_agent(admin, tmp_path, "codex", ".codex")
     (home / ".codex/config.toml").write_text("\n".join([
         'model = "tiny"', 'model_provider = "capture"', 'approval_policy = "never"',
         'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
@@ -118,7 +117,7 @@ def _codex(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
 
 
 def _mini(admin: Any, tmp_path: Path) -> tuple[Any, Path, str]:
-    binary, info, home, work = _prepare(admin, tmp_path, "mini", ".config/mini-swe-agent")
+    binary, info, home, work = prepare_agent(admin, tmp_path, "mini", ".config/mini-swe-agent")
     config_path = home / ".config/mini-swe-agent/capture.yaml"
     config_path.write_text(json.dumps({
         "model": {"model_kwargs": {"api_base": info.base_urls["chat"], "api_key": info.secret,
