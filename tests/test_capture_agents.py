@@ -41,16 +41,14 @@ from typing import Any
 import pytest
 
 from harness.audit.scripted_engine import ScriptedEngine, scripted_logprob, shell_task, tool_call
-from tests.helpers.agent_cli import prepare_agent, run_agent
+from tests.helpers.agent_cli import AGENT_RUNS, MINI_SUBMIT
 from tests.helpers.prefix_oracle import turn_parent
 
 pytestmark = [pytest.mark.agents, pytest.mark.slow]
 
-TASK = "Create a file named hello.txt containing the word hello."
 MARK = "wrote-hello"  # what the command prints: it must come back to the engine as a tool result
 COMMAND = f"echo hello > hello.txt && echo {MARK}"
 FINAL = "Done: hello.txt holds hello."
-MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
 @pytest.fixture
@@ -132,23 +130,7 @@ def check_capture(engine: ScriptedEngine, admin: Any, info: Any, work: Path, out
 
 def test_opencode_streaming_chat_is_captured_with_its_title_call_tagged(scripted, tmp_path):
     engine, admin = scripted
-    binary, info, home, work = prepare_agent(admin, tmp_path, "opencode", ".config/opencode")
-    config = {
-        "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
-        "model": "capture/tiny", "small_model": "capture/tiny",
-        "provider": {"capture": {"npm": "@ai-sdk/openai-compatible", "name": "capture",
-                                 "options": {"baseURL": info.base_urls["chat"],
-                                             "apiKey": info.secret},
-                                 "models": {"tiny": {"name": "tiny"}}}},
-        "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
-    }
-    config_path = home / ".config/opencode/opencode.json"
-    config_path.write_text(json.dumps(config))
-    output = run_agent([str(binary), "run", "-m", "capture/tiny", "--", TASK], home, work, {
-        "OPENCODE_CONFIG": str(config_path), "OPENCODE_DISABLE_AUTOUPDATE": "1",
-        "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-        "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
-        "OPENCODE_DISABLE_CLAUDE_CODE": "1", "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"})
+    info, work, output = AGENT_RUNS["opencode"](admin, tmp_path)
     turns = check_capture(engine, admin, info, work, output, "chat")
     assert all(t["metadata"]["stream"] for t in turns)
     reasons = [t["metadata"]["aux_reason"] for t in turns]
@@ -158,18 +140,7 @@ def test_opencode_streaming_chat_is_captured_with_its_title_call_tagged(scripted
 
 def test_claude_code_streaming_messages_are_captured(scripted, tmp_path):
     engine, admin = scripted
-    binary, info, home, work = prepare_agent(admin, tmp_path, "claude", ".claude")
-    (home / ".claude/.claude.json").write_text('{"hasCompletedOnboarding": true}\n')
-    env = {"ANTHROPIC_BASE_URL": info.base_urls["messages"], "ANTHROPIC_API_KEY": info.secret,
-           "CLAUDE_CONFIG_DIR": str(home / ".claude"), "IS_SANDBOX": "1",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-           "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
-    for var in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_SONNET_MODEL",
-                "ANTHROPIC_DEFAULT_OPUS_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
-                "CLAUDE_CODE_SUBAGENT_MODEL"):
-        env[var] = "tiny"
-    output = run_agent([str(binary), "-p", TASK, "--dangerously-skip-permissions",
-                        "--max-turns", "3", "--model", "tiny"], home, work, env)
+    info, work, output = AGENT_RUNS["claude-code"](admin, tmp_path)
     turns = check_capture(engine, admin, info, work, output, "messages")
     assert all(t["metadata"]["stream"] for t in turns if not t["metadata"]["aux"])
     assert FINAL in output, output
@@ -177,17 +148,7 @@ def test_claude_code_streaming_messages_are_captured(scripted, tmp_path):
 
 def test_codex_streaming_responses_are_captured(scripted, tmp_path):
     engine, admin = scripted
-    binary, info, home, work = prepare_agent(admin, tmp_path, "codex", ".codex")
-    (home / ".codex/config.toml").write_text("\n".join([
-        'model = "tiny"', 'model_provider = "capture"', 'approval_policy = "never"',
-        'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
-        "[model_providers.capture]", 'name = "capture"',
-        f"base_url = {json.dumps(info.base_urls['responses'])}",
-        'env_key = "CAPTURE_KEY"', 'wire_api = "responses"', "request_max_retries = 1",
-        "stream_max_retries = 1", ""]))
-    output = run_agent([str(binary), "exec", "--skip-git-repo-check",
-                        "--dangerously-bypass-approvals-and-sandbox", "-m", "tiny", "--", TASK],
-                       home, work, {"CAPTURE_KEY": info.secret, "CODEX_HOME": str(home / ".codex")})
+    info, work, output = AGENT_RUNS["codex"](admin, tmp_path)
     turns = check_capture(engine, admin, info, work, output, "responses")
     assert all(t["metadata"]["stream"] for t in turns)
     assert FINAL in output, output
@@ -196,22 +157,11 @@ def test_codex_streaming_responses_are_captured(scripted, tmp_path):
 def test_mini_swe_agent_non_streaming_chat_is_captured(scripted, tmp_path):
     engine, admin = scripted
     engine.script = shell_task(COMMAND, MINI_SUBMIT)  # it stops on its submit command's output
-    binary, info, home, work = prepare_agent(admin, tmp_path, "mini", ".config/mini-swe-agent")
-    config_path = home / ".config/mini-swe-agent/capture.yaml"
-    config_path.write_text(json.dumps({
-        "model": {"model_kwargs": {"api_base": info.base_urls["chat"], "api_key": info.secret,
-                                   "drop_params": True}},
-        "agent": {"step_limit": 3, "cost_limit": 0}}))
-    output = run_agent([str(binary), "-m", "openai/tiny", "-t", TASK, "--yolo",
-                        "--exit-immediately", "-c", "mini.yaml", "-c", str(config_path),
-                        "-o", str(home / "trajectory.json")], home, work, {
-        "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_CONFIGURED": "true",
-        "MSWEA_SILENT_STARTUP": "1", "MSWEA_GLOBAL_CONFIG_DIR": str(home / ".config/mini-swe-agent"),
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    info, work, output = AGENT_RUNS["mini-swe-agent"](admin, tmp_path)
     turns = check_capture(engine, admin, info, work, output, "chat")
     assert not any(t["metadata"]["stream"] for t in turns)
     assert all(not t["metadata"]["aux"] for t in turns)  # one bash tool on every call
     # It stopped on the submit command, which the model wrote on its second turn.
     assert engine.replies[-1] == tool_call("bash", command=MINI_SUBMIT), engine.replies
-    trajectory = json.loads((home / "trajectory.json").read_text())
+    trajectory = json.loads((tmp_path / "home" / "trajectory.json").read_text())  # AGENT_RUNS' -o
     assert trajectory["info"]["exit_status"] == "Submitted", trajectory["info"]
