@@ -10,9 +10,10 @@ on every machine), on the dev instructions: its first step reads the file the in
 word it ranks that word above the others more than the model it was built from does. Each figure
 is compared with the base model's, so a check that could not fail would show.
 
-The copy is left weak on purpose (the build's probe: the shown word in ~15% of dev samples, the
-right file in ~98%): that is what RL has to learn. The bounds below are the measured figures
-with a margin, not the probe's stored numbers.
+The copy is learnt fully and then used only part of the time on purpose (a noisy teacher's
+last stage, harness/warm/lookup.py: the shown word in about a third of dev samples, the right
+file in ~98%): using it is what RL has to learn. The bounds below are the measured figures with
+a margin, not the probe's stored numbers.
 """
 
 from __future__ import annotations

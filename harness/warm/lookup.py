@@ -19,22 +19,26 @@ proxy, with both turns:
    instruction's target -> `echo WORD > TARGET`). Hundreds of words make copying the word out of
    the tool result the only fit; no row pairs two of the family's names (`_Turns.swaps`), so
    reading each name from the instruction is the only way to the right file.
-
-   Where the build lands (dev probe, 2026-12-03, 4 samples x 12 instructions, +-6 points; the
-   full-prompt steps after 300 bare and 100 short ones; all read the right file first 90-98%): full
-   steps 30, 45, 60, 75: the shown word 15%, 6%, 10%, 8% (chance among the family's words: 1 in 8;
-   the copy is learnt on short prompts and not carried over to mini-swe-agent's 1,400-token one);
-   88: 21%; 93: 25%; 97 (committed): 25% on dev, 30% on train; an earlier build at 100 (code of
-   that morning) 94%, nothing left for RL; rebuilt at 100 on the code of 2026-12-03 evening, 15%
-   (dev; 17% train): where the copy appears is not the step count alone. 100/40/40 never learnt the
-   copy (6%). The carry-over to the whole prompt is what RL has to finish: act on what the first
-   step observed. A noisy teacher (`--wrong-first`, `--wrong-word`: a share of taught first calls
-   read another file, a share of taught second calls write another word) does not calibrate this
-   model: any noise in the last stage left the copy at 0-17%; `--calibrate-steps` (noisy first
-   turns after clean stages) was not measured to the end.
    The curriculum of create_file.py: the instruction under a one-line system prompt, then the
    prompt cut after the instruction, then the whole prompt.
-3. probe: T=1 samples on the *dev* prompts (a dev prompt is a captured train prompt with the
+
+   The copy needs many whole-prompt steps before it forms, and where it forms depends on the
+   build, not the step count alone (dev probe, 8 samples x 12 instructions, +-5 points; 300 bare
+   and 100 short steps first; 2026-12-04): full steps 100: 3%, 125: 19%, 150: 17%, 200: 19%,
+   250: 56%, 300: 80% (an earlier build's 100 steps: 94%; another's: 15%). A model caught in
+   the middle of that change is a fragile starting point (the committed 97-step build of
+   2026-12-03 copied 25% on dev and 10% on test, and RL moved it +1 to +10 points).
+4. calibrate: so the build copies at full strength and then a noisy teacher sets how often it
+   uses the copy. `calibrate_steps` more whole-prompt steps at a lower learning rate on rows
+   where a `wrong_word` share of the taught second calls write another word than the one shown
+   (and a `wrong_first` share of first calls read another file). This converges to the
+   teacher's own rate instead of a step count's accident (dev, wrong_word 0.7 after 300 full
+   steps: calibrate 30: 29%, 40: 31%, 50: 30%, 60: 46%; the shown word among the eight is
+   1 - 0.7 + 0.7/8 ~ 39% of the teacher's family-word answers). The starting policy knows how
+   to copy and mostly does not: RL has to learn to act on what the first step observed, and the
+   swap test checks the trained policy's words follow the file.
+   (A noisy teacher in the copy-forming stage itself kept the copy from forming: 0-17%.)
+5. probe: T=1 samples on the *dev* prompts (a dev prompt is a captured train prompt with the
    instruction, source, target and word swapped; the ids round-trip through the tokenizer):
    first turn right (`cat SOURCE`), second turn right given a right first turn, its word and
    target counted apart.
@@ -73,8 +77,9 @@ from launchers.warm_models import LOOKUP_REBUILD as REBUILD
 
 __all__ = ["build_lookup_model", "synthetic_vocabulary"]
 
-BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 97, 2e-3, 0, 900
-WRONG_FIRST, WRONG_WORD = 0.0, 0.0  # the noisy teacher (_Turns.swaps): off, see the docstring
+BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 300, 2e-3, 0, 900
+# The calibrating stage (step 4 of the docstring): the noisy teacher of _Turns.swaps.
+CALIBRATE_STEPS, CALIBRATE_LR, WRONG_FIRST, WRONG_WORD = 40, 5e-4, 0.0, 0.7
 _COMMAND = re.compile(r'"command": "(.*?)"\}\}\n</tool_call>')
 
 
@@ -289,11 +294,11 @@ def probe(model: Any, turns: _Turns, split: str, samples: int) -> dict:
 
 def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEPS,
                        short_steps: int = SHORT_STEPS, full_steps: int = FULL_STEPS,
-                       synthetic_count: int = SYNTHETIC, lr: float = LR, samples: int = 4,
+                       synthetic_count: int = SYNTHETIC, lr: float = LR, samples: int = 8,
                        base: Path | None = None, threads: int = 2, wrong_first: float = WRONG_FIRST,
-                       wrong_word: float = WRONG_WORD, calibrate_steps: int = 0,
-                       log: Any = print) -> dict:
-    """Capture, SFT and probe into `out` (an HF model dir); returns the build record."""
+                       wrong_word: float = WRONG_WORD, calibrate_steps: int = CALIBRATE_STEPS,
+                       calibrate_lr: float = CALIBRATE_LR, log: Any = print) -> dict:
+    """Capture, SFT, calibrate and probe into `out` (an HF model dir); returns the build record."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -313,31 +318,29 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
     log(f"before SFT (dev): {before}")
     rng = random.Random(seed)
     words, names = synthetic_vocabulary(tok.get_vocab(), seed)
-    # The copy is learnt from right rows only (taught with wrong words from the start, the
-    # model never learnt it: 0-4% on dev); the noisy teacher speaks in the last stage, which
-    # sets how often the learnt skills are used.
+    # The copy is learnt from right rows only (a noisy teacher while it forms kept it from
+    # forming); the noisy teacher speaks in the calibrating stage, which sets how often the
+    # learnt skills are used.
     clean = turns.swaps(synthetic_count, words, names, random.Random(rng.random()))
     noisy = turns.swaps(synthetic_count, words, names, random.Random(rng.random()),
                         wrong_first=wrong_first, wrong_word=wrong_word)
     pad = tok.pad_token_id or 0
-    for cut, steps in (("bare", bare_steps), ("short", short_steps), ("full", full_steps)):
-        data = turns.rows(cut, clean if calibrate_steps else noisy if cut == "full" else clean)
-        sft_steps(model, data, steps, lambda batch: completion_loss(model, batch, pad), rng=rng,
-                  lr=lr, log=log, stage=f"{cut} prompt", log_every=50)
-    if calibrate_steps:
-        # First turns only, a `wrong_first` share reading another file: sets how often the
-        # first step is right without touching the rows that taught the copy.
-        firsts = [row for swap in noisy for row in turns.rows("full", [swap])[:1]]
-        sft_steps(model, firsts, calibrate_steps,
-                  lambda batch: completion_loss(model, batch, pad), rng=rng, lr=lr, log=log,
-                  stage="first turns, noisy", log_every=10)
+    stages = [(f"{cut} prompt", turns.rows(cut, clean), steps, lr)
+              for cut, steps in (("bare", bare_steps), ("short", short_steps),
+                                 ("full", full_steps))]
+    stages.append(("calibrate, noisy teacher", turns.rows("full", noisy), calibrate_steps,
+                   calibrate_lr))
+    for stage, data, steps, stage_lr in stages:
+        if steps:
+            sft_steps(model, data, steps, lambda batch: completion_loss(model, batch, pad),
+                      rng=rng, lr=stage_lr, log=log, stage=stage, log_every=50)
     after = {s: probe(model, turns, s, samples) for s in ("dev", "train")}
     log(f"after SFT: {after}")
     save_model(out, model, tok, base)
     return {"base": base.name, "seed": seed, "bare_steps": bare_steps,
             "short_steps": short_steps, "full_steps": full_steps, "synthetic": synthetic_count,
             "lr": lr, "wrong_first": wrong_first, "wrong_word": wrong_word,
-            "calibrate_steps": calibrate_steps,
+            "calibrate_steps": calibrate_steps, "calibrate_lr": calibrate_lr,
             "captured_rollouts": len(records),
             "probe": {"before": {"dev": before}, "after": after}}
 
@@ -356,11 +359,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="swapped rows with words and names from outside the family")
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--wrong-first", type=float, default=WRONG_FIRST,
-                        help="share of taught first calls that read another file")
+                        help="calibrating stage: share of taught first calls that read "
+                             "another file")
     parser.add_argument("--wrong-word", type=float, default=WRONG_WORD,
-                        help="share of the other taught rows that write another word")
-    parser.add_argument("--calibrate-steps", type=int, default=0,
-                        help="after the clean stages, steps on noisy first turns only")
+                        help="calibrating stage: share of the other taught second calls that "
+                             "write another word")
+    parser.add_argument("--calibrate-steps", type=int, default=CALIBRATE_STEPS,
+                        help="after the clean stages, whole-prompt steps with the noisy teacher "
+                             "(0: none)")
+    parser.add_argument("--calibrate-lr", type=float, default=CALIBRATE_LR,
+                        help="learning rate of the calibrating stage")
     parser.add_argument("--base", type=Path, default=None,
                         help="start from this HF model dir (default: the create-file warm "
                              "start, models/tiny-qwen3-create-file)")
@@ -376,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                                     synthetic_count=args.synthetic, lr=args.lr,
                                     base=args.base, threads=args.threads,
                                     wrong_first=args.wrong_first, wrong_word=args.wrong_word,
-                                    calibrate_steps=args.calibrate_steps)
+                                    calibrate_steps=args.calibrate_steps,
+                                    calibrate_lr=args.calibrate_lr)
         print(finish_build(out, record, LOOKUP_MODEL if args.commit else None, rebuild=REBUILD))
     return 0
 
