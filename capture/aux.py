@@ -15,7 +15,9 @@ The rule is structural first, text second, in this order:
                              tools (Claude Code 2.1 sends its compaction request with its whole
                              tool manifest, for the prompt cache, and "CRITICAL: Respond with TEXT
                              ONLY. Do NOT call any tools. ... a <summary> block":
-                             tests/test_compaction_agents.py)
+                             tests/test_compaction_agents.py), and that the agent then treated
+                             as a compaction: no later call continued it, and a later call
+                             started a new history
     no_tools_in_tool_session the session sends tools on some calls and this one has none
 
 Why structure decides and text only names: coding agents always send their tool manifest on a real
@@ -28,6 +30,17 @@ text) has no structural signal, so only probes and explicit title/summary calls 
 The one text rule on a call with tools (summarizer) needs both a summary word and a no-tools
 order in the last user message, and only after an earlier call with tools (a compaction follows
 work; the task arrives on the first call): a task that says "summarise" stays the agent's turn.
+
+Text the policy controls must not decide what trains: a command's output reaches the next call
+(a tool message, or a user message where an agent sends observations or format errors as user
+text: mini-swe-agent does both), and so does a task's own wording, which stays the last user
+message of every later call of an agent that sends observations as tool messages. So a text
+rule that would leave a call untrained also needs what only the agent does (the `continued` and
+`history_restarts_later` flags, from the capture graph: capture.export): a compaction's reply is
+never extended by the agent's next call, and the next call starts a new history. A turn the
+agent went on from is its turn and trains, whatever its last user message says. In a session
+that never sends tools the same holds for a summary there, and a title call is named by its
+system prompt only (the policy cannot write that).
 
 No user hook is needed for opencode, Claude Code, Codex or mini-swe-agent.
 """
@@ -84,8 +97,18 @@ def _text(content: Any) -> str:
     return ""
 
 
+def _agent_compacted(info: dict[str, Any]) -> bool:
+    """The agent treated this call as a compaction: it never continued from the reply, and a
+    later call started a new history (capture.export sets both flags from the graph)."""
+    return not info.get("continued", True) and bool(info.get("history_restarts_later"))
+
+
 def classify(calls: Iterable[dict[str, Any]]) -> list[str | None]:
-    """One aux reason (or None) per call info dict, in order. Looks at the whole session at once."""
+    """One aux reason (or None) per call info dict, in order. Looks at the whole session at once.
+
+    A dict holds the call's `n_tools`, `max_tokens_requested`, `hint` (aux_hint) and, from the
+    capture graph, `continued` (a later retained call extends it) and `history_restarts_later`
+    (a later retained call is a root); without them no text rule leaves a call untrained."""
     infos = list(calls)
     session_uses_tools = any(info.get("n_tools", 0) > 0 for info in infos)
     reasons: list[str | None] = []
@@ -97,15 +120,21 @@ def classify(calls: Iterable[dict[str, Any]]) -> list[str | None]:
             continue
         hint = info.get("hint", "")
         if info.get("n_tools", 0) > 0:
-            reasons.append("summarizer" if worked and _compaction_with_tools(hint) else None)
+            compaction = worked and _compaction_with_tools(hint) and _agent_compacted(info)
+            reasons.append("summarizer" if compaction else None)
             worked = True
             continue
-        if any(word in hint for word in _TITLE_WORDS):
+        if session_uses_tools:
+            # aux by structure (no tools in a tool session); the text only names why
+            reasons.append("title_generator" if any(w in hint for w in _TITLE_WORDS)
+                           else "summarizer" if any(w in hint for w in _SUMMARY_WORDS)
+                           else "no_tools_in_tool_session")
+            continue
+        system, _, _ = hint.partition(_LAST_USER)
+        if any(word in system for word in _TITLE_WORDS):
             reasons.append("title_generator")
-        elif any(word in hint for word in _SUMMARY_WORDS):
+        elif any(word in hint for word in _SUMMARY_WORDS) and _agent_compacted(info):
             reasons.append("summarizer")
-        elif session_uses_tools:
-            reasons.append("no_tools_in_tool_session")
         else:
             reasons.append(None)
     return reasons

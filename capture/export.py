@@ -93,12 +93,26 @@ class ExportPlan:
         }
 
 
+def _with_structure(retained: list[Node]) -> list[dict]:
+    """Each call's info plus what only the agent decides (capture.aux): whether a later retained
+    call continued from it, and whether a later retained call started a new history."""
+    ids = {node.node_id for node in retained}
+    roots_after = [False] * len(retained)
+    seen_root = False
+    for i in range(len(retained) - 1, -1, -1):
+        roots_after[i] = seen_root
+        seen_root = seen_root or retained[i].parent is None
+    return [{**node.info, "continued": any(c.node_id in ids for c in node.children),
+             "history_restarts_later": later}
+            for node, later in zip(retained, roots_after, strict=True)]
+
+
 def plan_export(session: Session) -> ExportPlan:
     """Choose retained turns, tag aux calls and count trainable tokens. Cheap: no token copies."""
     nodes = list(session.graph)
     discarded = session.graph.discarded()
     retained = [node for node in nodes if node.node_id not in discarded]
-    reasons_aux = classify(node.info for node in retained)
+    reasons_aux = classify(_with_structure(retained))
     trainable = 0
     missing: dict[str, int] = {}
     empty = 0

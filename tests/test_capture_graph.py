@@ -325,8 +325,41 @@ def test_a_compaction_request_sent_with_tools_is_a_summarizer_only_after_the_age
     task = aux_hint([{"role": "user", "content": "Summarize app.log. Do not call any tools you "
                       "do not need; respond with text only."}])
     plain = aux_hint([{"role": "user", "content": "Summarize app.log into summary.txt."}])
-    assert classify([{"n_tools": 24, "hint": order}]) == [None]  # the first call: the task
-    assert classify([{"n_tools": 24, "hint": task}, {"n_tools": 24, "hint": order}]) == [
-        None, "summarizer"]
-    assert classify([{"n_tools": 24, "hint": plain}, {"n_tools": 24, "hint": plain}]) == [
+    compacted = {"continued": False, "history_restarts_later": True}
+    assert classify([{"n_tools": 24, "hint": order, **compacted}]) == [None]  # the first call
+    assert classify([{"n_tools": 24, "hint": task, "continued": True},
+                     {"n_tools": 24, "hint": order, **compacted}]) == [None, "summarizer"]
+    assert classify([{"n_tools": 24, "hint": plain, "continued": True},
+                     {"n_tools": 24, "hint": plain, **compacted}]) == [
         None, None]  # a summary word without a no-tools order is the agent's turn
+
+
+def test_words_the_policy_can_put_in_a_call_never_leave_that_call_untrained():
+    # A command's output that reads like a compaction order (a user message: mini-swe-agent's
+    # format errors and text-mode observations), or a task worded like one, which stays the last
+    # user message of every later call: the agent went on from each call, so each trains.
+    order = aux_hint([{"role": "system", "content": "You are a coding agent."},
+                      {"role": "user", "content": "CRITICAL: Respond with TEXT ONLY. Do NOT call "
+                       "any tools. Summarize the conversation in a <summary> block."}])
+    went_on = {"continued": True, "history_restarts_later": False}
+    assert classify([{"n_tools": 1, "hint": "", **went_on}] +
+                    [{"n_tools": 1, "hint": order, **went_on}] * 3) == [None] * 4
+    # the last call of a session (nothing after it) is not a compaction either
+    assert classify([{"n_tools": 1, "hint": "", "continued": True},
+                     {"n_tools": 1, "hint": order, "continued": False,
+                      "history_restarts_later": False}]) == [None, None]
+    # a session that never sends tools (an agent that parses calls out of text): a "title" or
+    # "summarize" in the last user message is an observation, not the harness asking
+    said = aux_hint([{"role": "system", "content": "Reply with one shell command."},
+                     {"role": "user", "content": "title: summarize the report"}])
+    assert classify([{"n_tools": 0, "hint": said, **went_on}] * 2) == [None, None]
+    titled = aux_hint([{"role": "system", "content": "You are a title generator."},
+                       {"role": "user", "content": "fix the bug"}])
+    assert classify([{"n_tools": 0, "hint": titled}]) == ["title_generator"]
+    compacted = {"continued": False, "history_restarts_later": True}
+    summary = aux_hint([{"role": "user", "content": "Summarize the conversation so far."}])
+    assert classify([{"n_tools": 0, "hint": said, "continued": True},
+                     {"n_tools": 0, "hint": summary, **compacted},
+                     {"n_tools": 0, "hint": said}]) == [None, "summarizer", None]
+
+
