@@ -118,18 +118,23 @@ def _first_user(request: dict) -> str:
     return next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
 
 
+def _hello_rollout(engine: ScriptedEngine):
+    """One real mini-swe-agent rollout of the bundled hello-file task against `engine`."""
+    factory = HarborSessionFactory(
+        None, split=[BUNDLED_DIR / "hello-file"], harness="mini-swe-agent",
+        llm_url=engine.url, model=engine.model, sampling={"temperature": 1.0},
+        max_tokens=4096, max_steps=4, agent_timeout_s=300, max_attempts=1)
+    try:
+        return asyncio.run(factory.rollout(seed=0))
+    finally:
+        factory.close()
+
+
 @pytest.mark.agents
 @pytest.mark.slow
 def test_calls_a_policy_makes_with_the_agents_key_are_unplaced_and_not_trained(tiny_model_path):
     with ScriptedEngine(tiny_model_path, _script) as engine:
-        factory = HarborSessionFactory(
-            None, split=[BUNDLED_DIR / "hello-file"], harness="mini-swe-agent",
-            llm_url=engine.url, model=engine.model, sampling={"temperature": 1.0},
-            max_tokens=4096, max_steps=4, agent_timeout_s=300, max_attempts=1)
-        try:
-            result = asyncio.run(factory.rollout(seed=0))
-        finally:
-            factory.close()
+        result = _hello_rollout(engine)
     assert not engine.errors, engine.errors
     assert (result.cause, result.env_reward) == ("ok", 1.0), (result.cause, result.error)
     turns = result.trace.turns
@@ -168,14 +173,7 @@ def _order_script(request: dict) -> str:
 def test_a_compaction_order_the_policy_writes_into_the_history_does_not_untrain_the_turn(
         tiny_model_path):
     with ScriptedEngine(tiny_model_path, _order_script) as engine:
-        factory = HarborSessionFactory(
-            None, split=[BUNDLED_DIR / "hello-file"], harness="mini-swe-agent",
-            llm_url=engine.url, model=engine.model, sampling={"temperature": 1.0},
-            max_tokens=4096, max_steps=4, agent_timeout_s=300, max_attempts=1)
-        try:
-            result = asyncio.run(factory.rollout(seed=0))
-        finally:
-            factory.close()
+        result = _hello_rollout(engine)
     assert not engine.errors, engine.errors
     assert (result.cause, result.env_reward) == ("ok", 1.0), (result.cause, result.error)
     turns = result.trace.turns
