@@ -53,6 +53,24 @@ def _processes_with(marker: str) -> list[int]:
     return [p for p in pids if p != os.getpid()]
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[1].split()[1])  # after "(comm)": state, ppid
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _sandboxes_running(marker: str) -> list[int]:
+    """One process per sandbox whose command runs: the outermost process with the marker.
+
+    A shell's forked child carries the shell's command line until it execs, and bwrap's inner
+    process carries the outer one's, so one sandbox shows the marker in several processes, some of
+    them for a moment: counting those counted a sandbox twice, then once."""
+    pids = set(_processes_with(marker))
+    return sorted(p for p in pids if _parent(p) not in pids)
+
+
 def _trial_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "harness-harness-hello-file-*")))
 
@@ -157,9 +175,9 @@ def test_cancelling_eight_running_rollouts_leaves_no_process_proxy_session_or_tr
         tasks = [asyncio.create_task(factory.rollout(seed=0)) for _ in range(8)]
         # Eight sandboxes start and eight agents make their call: ~10 s on a quiet machine, more
         # than 20 s beside another test run (issue 14), so this waits on the count, not a window.
-        await until(lambda: len(_processes_with(marker)) >= 8, "all eight agents running",
-                    state=lambda: f"{len(_processes_with(marker))} processes run their command")
-        running = len(_processes_with(marker))
+        await until(lambda: len(_sandboxes_running(marker)) >= 8, "all eight agents running",
+                    state=lambda: f"{len(_sandboxes_running(marker))} sandboxes run their command")
+        running = len(_sandboxes_running(marker))
         for task in tasks:
             task.cancel()
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
