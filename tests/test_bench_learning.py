@@ -134,6 +134,17 @@ def test_the_commands_are_the_main_command_with_each_control_and_the_diagnostics
     diag = run.diagnostic_command(1, "swap", tmp_path / "v", tmp_path)
     assert str(tmp_path / "seed-1" / "trainer" / "model") in diag
     assert str(tmp_path / "v" / "test") in diag
+    assert diag[3:5] == ["--harness", "mini-swe-agent"]
+
+
+def test_another_agent_runs_the_same_commands_with_only_its_harness_changed(tmp_path):
+    for name in ("seed-0", "flip-0"):
+        default = run.train_command(name, 0, tmp_path, [])
+        claude = run.train_command(name, 0, tmp_path, [], "claude-code")
+        assert [i for i, (a, b) in enumerate(zip(default, claude, strict=True)) if a != b] == [4]
+        assert claude[3:5] == ["--harness", "claude-code"]
+    diag = run.diagnostic_command(0, "blind", tmp_path / "v", tmp_path, "opencode")
+    assert diag[3:5] == ["--harness", "opencode"]
 
 
 def test_the_reward_curves_are_each_runs_and_the_means_of_seeds_and_of_controls(tmp_path):

@@ -3,11 +3,13 @@
     .venv/bin/python bench/learning/run.py [--seeds 0 1 2 3] [--controls shuffle lr0 flip]
                                            [--control-seed 0] [--no-diagnostics]
                                            [--out runs/learning] [--report-only]
+                                           [--harness mini-swe-agent]
                                            [-- EXTRA harness.train FLAGS]
 
 Each seed runs the README's main command, `python -m harness.train --harness mini-swe-agent
 --seed S` (its defaults: the lookup warm start, lookup:train, lookup:test evaluated before and
-after, the verifier's reward alone) into OUT/seed-S. Three controls run at `--control-seed`:
+after, the verifier's reward alone) into OUT/seed-S; `--harness` runs the same command with
+another agent, from that agent's own committed warm start. Three controls run at `--control-seed`:
 `shuffle` (rewards permuted within each group) and `lr0` (learning rate 0: every step runs and
 pushes, the weights never move, so its change is evaluation noise) must stay within +-5 points;
 `flip` (each reward r trained as 1 - r) must fall. Two diagnostics run `harness.eval` on each
@@ -21,7 +23,8 @@ with a 95% interval from a two-way cluster bootstrap over seeds and test instruc
 read here and by the main command's final table only: nothing is tuned on it. It also writes
 OUT/summary.json and OUT/reward_curves.{json,png}. `--report-only` re-reads OUT without running
 anything. Runs go one after another: this machine has 2 cores, and concurrent runs would
-measure each other's load. A run of 4 seeds, 3 controls and 8 diagnostics takes ~2 hours here.
+measure each other's load. A run of 4 seeds, 3 controls and 8 diagnostics took 70 min here
+(2026-12-04, mini-swe-agent, the test suite running at `nice 19` beside it).
 """
 
 from __future__ import annotations
@@ -44,20 +47,23 @@ from bench.learning.stats import (  # noqa: E402
     swap_summary,
     verdict,
 )
+from harness.shared.run_config import HARNESSES  # noqa: E402
 
-BASE_FLAGS = ["--harness", "mini-swe-agent"]
+DEFAULT_HARNESS = "mini-swe-agent"
 DIAGNOSTICS = ("swap", "blind")
 
 
-def train_command(name: str, seed: int, out: Path, extra: list[str]) -> list[str]:
+def train_command(name: str, seed: int, out: Path, extra: list[str],
+                  harness: str = DEFAULT_HARNESS) -> list[str]:
     control = CONTROLS.get(name.split("-")[0], [])
-    return [sys.executable, "-m", "harness.train", *BASE_FLAGS, "--seed", str(seed),
+    return [sys.executable, "-m", "harness.train", "--harness", harness, "--seed", str(seed),
             "--output-dir", str(out / name), *control, *extra]
 
 
-def diagnostic_command(seed: int, variant: str, tasks: Path, out: Path) -> list[str]:
+def diagnostic_command(seed: int, variant: str, tasks: Path, out: Path,
+                       harness: str = DEFAULT_HARNESS) -> list[str]:
     """harness.eval of seed S's trained model on a variant of the test split."""
-    return [sys.executable, "-m", "harness.eval", *BASE_FLAGS, "--seed", str(seed),
+    return [sys.executable, "-m", "harness.eval", "--harness", harness, "--seed", str(seed),
             "--model", str(out / f"seed-{seed}" / "trainer" / "model"),
             "--tasks", str(tasks / "test"), "--rollouts-per-task", "1",
             "--max-agent-steps", "2", "--output-dir", str(out / f"{variant}-{seed}")]
@@ -183,13 +189,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the swap and blind evaluations of the trained models")
     parser.add_argument("--out", type=Path, default=Path("runs/learning"))
     parser.add_argument("--report-only", action="store_true", help="only read OUT")
+    parser.add_argument("--harness", default=DEFAULT_HARNESS,
+                        choices=HARNESSES,
+                        help="the agent every run and diagnostic uses (default: %(default)s)")
     args = parser.parse_args(argv)
     if not args.report_only:
         for seed in args.seeds:
-            _run(train_command(f"seed-{seed}", seed, args.out, extra), f"seed-{seed}")
+            _run(train_command(f"seed-{seed}", seed, args.out, extra, args.harness),
+                 f"seed-{seed}")
         for control in args.controls:
             name = f"{control}-{args.control_seed}"
-            _run(train_command(name, args.control_seed, args.out, extra), name)
+            _run(train_command(name, args.control_seed, args.out, extra, args.harness), name)
         if not args.no_diagnostics:
             from harness.tasks.lookup import generate
 
@@ -198,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                     generate(Path(scratch) / variant, variant=variant)
                     for seed in args.seeds:
                         _run(diagnostic_command(seed, variant, Path(scratch) / variant,
-                                                args.out), f"{variant}-{seed}")
+                                                args.out, args.harness), f"{variant}-{seed}")
     result = report(args.out, args.seeds, args.controls, args.control_seed)
     print("\n".join(table_lines(result)))
     names = [*result["runs"]]
