@@ -48,8 +48,9 @@ proxy, with both turns:
    target counted apart.
 
 The target is the band where GRPO has room to move (roughly 15-60% whole-episode passes, from
-below ~10% it barely moves: ../shared/LEARNING.md), not the highest score. The result is committed under models/tiny-qwen3-lookup/ with BUILD.json
-(launchers/warm_models.py: LOOKUP_MODEL, `committed_lookup_model`):
+below ~10% it barely moves: ../shared/LEARNING.md), not the highest score. The result is
+committed under models/tiny-qwen3-lookup/ with BUILD.json (launchers/warm_models.py:
+LOOKUP_MODEL, `committed_lookup_model`):
 
     .venv/bin/python -m harness.warm.lookup --commit     # minutes on 2 cores
     .venv/bin/python -m harness.warm.lookup --out DIR    # build elsewhere, print the probe
