@@ -275,8 +275,8 @@ def test_pack_and_unpack_round_trip_mixed_dtypes_and_non_contiguous_tensors():
 def test_the_package_exports_exactly_its_public_names():
     public = {name for name in dir(weight_sync) if not name.startswith("_")}
     modules = {
-        "client", "errors", "fake_engine", "fanout", "gloo", "lora", "nccl", "source", "sync",
-        "wire",
+        "client", "errors", "exit_guard", "fake_engine", "fanout", "gloo", "lora", "nccl",
+        "source", "sync", "wire",
         "vllm_plugin",
     }
     assert public - modules == set(weight_sync.__all__)

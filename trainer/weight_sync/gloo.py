@@ -31,6 +31,7 @@ import torch
 
 from launchers.net import free_port
 from trainer.weight_sync.client import EngineControlClient
+from trainer.weight_sync.exit_guard import guarded
 from trainer.weight_sync.source import NameMap, iter_full_parameters, parameter_metas
 from trainer.weight_sync.wire import (
     DEFAULT_CHUNK_BYTES,
@@ -126,9 +127,10 @@ class GlooTransport:
         self, group: GlooGroup, metas: list[TensorMeta], tensors: Iterable[torch.Tensor]
     ) -> None:
         it = iter(tensors)
-        for chunk in plan_chunks(metas, self.chunk_bytes):
-            chunk_metas = [metas[i] for i in chunk]
-            group.broadcast(pack_chunk(chunk_metas, [next(it) for _ in chunk]))
+        with guarded():  # packing copies in torch's C++ too, on this daemon thread
+            for chunk in plan_chunks(metas, self.chunk_bytes):
+                chunk_metas = [metas[i] for i in chunk]
+                group.broadcast(pack_chunk(chunk_metas, [next(it) for _ in chunk]))
 
     def _abandon(self) -> None:
         """Drop a group with a collective still in flight (see `_race`); never blocks."""

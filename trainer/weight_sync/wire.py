@@ -17,6 +17,10 @@ Ranks: the trainer is 0 and hosts the store; vLLM worker i (TP/PP rank, across D
 `1 + i`. Everything is broadcast from rank 0, so every worker receives the full checkpoint-format
 weights and lets vLLM's `load_weights` shard them, exactly as vLLM's NCCL engine does.
 
+No thread waits inside torch's C++ for a peer that may never come: joining polls a counter in the
+store and a broadcast polls its work handle, and both run `exit_guard.guarded()`, so a process
+that exits while a push is stuck exits cleanly instead of aborting (see that module).
+
 What this module does not do: retry, or survive a peer dying mid-broadcast. A failed collective
 leaves the group unusable; callers tear it down and open a new one.
 """
@@ -33,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from launchers.net import address_toward
+from trainer.weight_sync.exit_guard import guarded, poll_until
 
 __all__ = [
     "ALIGN_BYTES",
@@ -56,6 +61,7 @@ DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024
 # for every dtype (a view to a wider dtype needs an offset divisible by its element size).
 ALIGN_BYTES = 64
 _STORE_PREFIX = "harness_weight_sync"
+_JOINED_KEY = "harness_ranks_joined"  # a counter each rank adds 1 to; not one of gloo's own keys
 _ABANDONED: list[dist.ProcessGroupGloo] = []  # see GlooGroup.abandon
 
 
@@ -171,7 +177,11 @@ class GlooGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.rootTensor = 0
-        self._backend.broadcast([buffer], opts).wait()
+        with guarded():
+            work = self._backend.broadcast([buffer], opts)
+            # gloo's own timeout completes the work with an error, so this ends; wait() raises it
+            poll_until(work.is_completed)
+            work.wait()
 
     def abandon(self) -> None:
         """Forget the group without shutting it down, for when a collective is still blocked in
@@ -217,15 +227,29 @@ def open_gloo_group(
     Rank 0 listens on `host:port`. Every rank binds gloo to its own address on the route to
     `host` (`gloo_address`), unless `GLOO_SOCKET_IFNAME` names the interface.
     """
-    timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(
-        host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False
-    )
-    prefixed = dist.PrefixStore(_STORE_PREFIX, store)
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    address = gloo_address(host)
-    options._devices = [dist.ProcessGroupGloo.create_default_device() if address is None
-                        else dist.ProcessGroupGloo.create_device(hostname=address)]
-    backend = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
-    return GlooGroup(backend, store, rank, world_size)
+    with guarded():
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(
+            host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False
+        )
+        prefixed = dist.PrefixStore(_STORE_PREFIX, store)
+        # Every rank is in the store before gloo's constructor runs, so that constructor (which
+        # blocks in C++ until the mesh is complete) finds its peers at once (module docstring).
+        prefixed.add(_JOINED_KEY, 1)
+        if not poll_until(lambda: prefixed.add(_JOINED_KEY, 0) >= world_size, timeout_s):
+            joined = prefixed.add(_JOINED_KEY, 0)
+            raise TimeoutError(
+                f"only {joined} of {world_size} ranks joined the weight-sync gloo group at "
+                f"{host}:{port} within {timeout_s:g} s: a vLLM worker never called "
+                "init_weight_transfer_engine, or cannot reach this address"
+            )
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        address = gloo_address(host)
+        options._devices = [
+            dist.ProcessGroupGloo.create_default_device()
+            if address is None
+            else dist.ProcessGroupGloo.create_device(hostname=address)
+        ]
+        backend = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
+        return GlooGroup(backend, store, rank, world_size)
