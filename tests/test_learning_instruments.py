@@ -29,6 +29,7 @@ from harness.shared.run_config import RunSettings, build_parser, settings_from_a
 from harness.tasks.family import FAMILY_DIR, family_tasks
 from trainer.fakes import synthetic_trace
 from trainer.groups import group_metrics, prepare_group
+from trainer.reward_shuffle import RewardShuffle
 from trainer.rollouts import Rollout, RolloutOutcome
 
 
@@ -45,8 +46,10 @@ def _group(rewards: list[float | None], index: int, shuffle_seed: int | None, ca
     results = [_rollout(r, cause=c, seed=i) if c != "infra_failure"
                else Rollout(cause=c, error="sandbox died")
                for i, (r, c) in enumerate(zip(rewards, causes, strict=True))]
+    # uniform: these tests pin the plain permutation (the balanced one: test_reward_shuffle.py)
+    shuffle = None if shuffle_seed is None else RewardShuffle(shuffle_seed, "uniform")
     return prepare_group(results, group_index=index, reward_funcs=[], scale_rewards=False,
-                         dispatch_version=0, shuffle_seed=shuffle_seed)
+                         dispatch_version=0, shuffle=shuffle)
 
 
 def test_without_the_flag_each_rollout_keeps_its_own_reward():

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from trainer.errors import ConfigError
+from trainer.reward_shuffle import SHUFFLE_MODES
 
 __all__ = ["AsyncGRPOConfig", "LORA_TARGET_MODULES", "LOSS_TYPES", "LOSS_NORMS", "REPORT_TO",
            "STALENESS_RULES"]
@@ -67,6 +68,9 @@ class AsyncGRPOConfig:
     # Control run: permute each group's rewards among its rollouts before the baseline, so
     # rewards no longer follow actions. A loop that learns from it has a bug (trainer/groups.py).
     shuffle_rewards: bool = False
+    # How the control permutes: "balanced" cancels the signal a few rewards' permutation still
+    # carries by chance, "uniform" does not (trainer/reward_shuffle.py, with what was measured).
+    shuffle_mode: Literal["balanced", "uniform"] = "balanced"
     # Control run: each scored reward r becomes 1 - r (tampered rollouts keep their 0), so the
     # policy is pushed away from what the verifier pays. A loop that still rises has a bug.
     flip_rewards: bool = False
@@ -196,6 +200,9 @@ class AsyncGRPOConfig:
                 or not (self.learning_rate >= 0 and math.isfinite(self.learning_rate)):
             p.append(f"learning_rate={self.learning_rate!r}: must be >= 0 (0: the control "
                      "whose weights never move)")
+        if self.shuffle_mode not in SHUFFLE_MODES:
+            p.append(f"shuffle_mode={self.shuffle_mode!r}: must be one of "
+                     f"{', '.join(SHUFFLE_MODES)}")
         if self.shuffle_rewards and self.flip_rewards:
             p.append("shuffle_rewards and flip_rewards: two controls at once measure neither; "
                      "run them as separate runs")

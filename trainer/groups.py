@@ -7,7 +7,8 @@ Order of decisions for one group (all rollouts of one task, one seed):
 2. reward: `score_rollout` (reward functions, else env_reward); a failing reward function ->
    cause "reward_failure", unscorable; a None reward -> unscorable;
 3. (control runs only) `shuffle_rewards`: the scored rewards are permuted among the group's
-   rollouts with a per-group seeded RNG; each rollout's record keeps its own reward as
+   rollouts (trainer/reward_shuffle.py: seeded per group, balanced by default so the run's
+   permutations carry no net signal); each rollout's record keeps its own reward as
    `reward_unshuffled`, and `reward/mean` is unchanged (a permutation keeps the multiset).
    `flip_rewards`: each scored reward r becomes 1 - r (kept as `reward_unflipped`); tampered
    rollouts keep their 0;
@@ -21,13 +22,13 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainer.advantages import group_advantages
+from trainer.reward_shuffle import RewardShuffle
 from trainer.rewards import ENV_REWARD, RewardFunc, score_rollout
 from trainer.rollouts import TRAINABLE_CAUSES
 from trainer.rows import Row, trace_to_rows
@@ -54,6 +55,7 @@ class PreparedGroup:
     sampled_tokens: int = 0
     timed_out: int = 0
     shuffled: bool = False  # rewards permuted among the rollouts (the shuffled-reward control)
+    shuffle_signal: float = 0.0  # what the permutation still says (trainer/reward_shuffle.py)
     # One dict per rollout (episode_id, reward, parts, advantage): what the run viewer shows
     # as "the advantage it got"; grpo.py appends them to <output_dir>/groups.jsonl.
     per_rollout: list[dict[str, Any]] = field(default_factory=list)
@@ -66,7 +68,7 @@ def prepare_group(
     reward_funcs: list[RewardFunc],
     scale_rewards: bool,
     dispatch_version: int,
-    shuffle_seed: int | None = None,
+    shuffle: RewardShuffle | None = None,
     flip: bool = False,
     truncated: str = "train",
     train_unplaced: bool = False,
@@ -120,8 +122,8 @@ def prepare_group(
         record.update(reward=scored.total, parts=dict(scored.parts))
     if flip:
         _flip_rewards(g, tampered)
-    if shuffle_seed is not None:
-        _shuffle_rewards(g, random.Random(f"{shuffle_seed}:{group_index}"), tampered)
+    if shuffle is not None:
+        _shuffle_rewards(g, shuffle, tampered)
     adv = group_advantages(g.rewards, scale_rewards=scale_rewards)
     g.skipped = adv.skipped
     for record, a in zip(g.per_rollout, adv.advantages, strict=True):
@@ -152,11 +154,11 @@ def _flip_rewards(g: PreparedGroup, fixed: set[int]) -> None:
             g.per_rollout[i]["reward"] = g.rewards[i] = 1.0 - r
 
 
-def _shuffle_rewards(g: PreparedGroup, rng: random.Random, fixed: set[int]) -> None:
+def _shuffle_rewards(g: PreparedGroup, shuffle: RewardShuffle, fixed: set[int]) -> None:
     """Permute the scored rewards among the scored rollouts (not unscorable, not tampered ones)."""
     positions = [i for i, r in enumerate(g.rewards) if r is not None and i not in fixed]
-    values = [g.rewards[i] for i in positions]
-    rng.shuffle(values)
+    earned = [float(g.rewards[i]) for i in positions]  # type: ignore[arg-type]
+    values, g.shuffle_signal = shuffle.permute(g.group_index, earned) if earned else ([], 0.0)
     for i, value in zip(positions, values, strict=True):
         g.per_rollout[i]["reward_unshuffled"] = g.rewards[i]
         g.per_rollout[i]["reward"] = value
@@ -170,8 +172,11 @@ def append_group_records(path: Path, step: int, groups: list[PreparedGroup]) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:
         for g in groups:
-            f.write(json.dumps({"step": step, "group_index": g.group_index, "skipped": g.skipped,
-                                "rollouts": g.per_rollout}, default=str) + "\n")
+            record = {"step": step, "group_index": g.group_index, "skipped": g.skipped,
+                      "rollouts": g.per_rollout}
+            if g.shuffled:
+                record["shuffle_signal"] = g.shuffle_signal
+            f.write(json.dumps(record, default=str) + "\n")
 
 
 def group_metrics(groups: list[PreparedGroup], reward_names: list[str]) -> dict[str, float]:
@@ -212,6 +217,8 @@ def group_metrics(groups: list[PreparedGroup], reward_names: list[str]) -> dict[
         m[f"groups/skipped/{reason}"] = float(n)
     m["groups/used"] = float(sum(1 for g in groups if not g.skipped))
     m["reward/shuffled"] = float(any(g.shuffled for g in groups))
+    if any(g.shuffled for g in groups):
+        m["reward/shuffle_signal"] = sum(g.shuffle_signal for g in groups)
     for code, n in findings.items():
         m[f"rows/findings/{code}"] = float(n)
     return m

@@ -70,6 +70,7 @@ from trainer.loop import StepInput, push_weights, run_step, step_input_from_grou
 from trainer.metrics import MetricsWriter
 from trainer.model_init import build_model, build_reference, enable_gradient_checkpointing
 from trainer.producer import FinishedGroup, RolloutProducer
+from trainer.reward_shuffle import RewardShuffle
 from trainer.rewards import RewardFunc, normalize_reward_funcs
 from trainer.rollouts import as_rollout_source
 
@@ -129,6 +130,8 @@ class HarnessAsyncGRPOTrainer:
         self.args = args = args or AsyncGRPOConfig()
         args.check()  # every config problem at once, before anything loads
         self.reward_funcs = normalize_reward_funcs(rollout_reward_fn, reward_funcs)
+        self.reward_shuffle = (RewardShuffle(args.seed, args.shuffle_mode)
+                               if args.shuffle_rewards else None)
         if weight_sync is not None and not callable(getattr(weight_sync, "push", None)):
             raise TypeError("weight_sync must have push(model, version: int)")
         self.weight_sync = weight_sync
@@ -302,7 +305,7 @@ class HarnessAsyncGRPOTrainer:
         return prepare_group(f.results, group_index=f.index, reward_funcs=self.reward_funcs,
                              scale_rewards=self.args.scale_rewards,
                              dispatch_version=f.dispatch_version,
-                             shuffle_seed=self.args.seed if self.args.shuffle_rewards else None,
+                             shuffle=self.reward_shuffle,
                              flip=self.args.flip_rewards,
                              truncated=self.args.truncated_turns,
                              train_unplaced=self.args.train_unplaced_calls,

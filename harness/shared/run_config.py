@@ -36,7 +36,8 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "set
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "resume", "weight_sync",
-                        "reward_fn", "reward_funcs", "report_to", "shuffle_rewards", "flip_rewards",
+                        "reward_fn", "reward_funcs", "report_to", "shuffle_rewards", "shuffle_mode",
+                        "flip_rewards",
                         "shuffle_tasks", "eval_tasks", "eval_rollouts_per_task", "rollout_service",
                         "rollout_service_key_file", "lora_rank", "lora_alpha", "lora_dropout",
                         "lora_target_modules"})
@@ -106,6 +107,7 @@ class RunSettings:
     seed: int = 0
     rollouts_per_task: int = 2  # eval only
     shuffle_rewards: bool = False  # the control: rewards permuted within each group
+    shuffle_mode: str = "balanced"  # or "uniform" (trainer/reward_shuffle.py)
     flip_rewards: bool = False  # the control: each reward r trained as 1 - r
     train_unplaced_calls: bool = False  # capture.placement: calls outside the agent's own chat
     train_summary_calls: bool = False  # capture.aux summarizer: an agent compacting its history
@@ -167,6 +169,7 @@ class RunSettings:
             seed=self.seed, output_dir=str(Path(run_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
             save_steps=self.save_steps, shuffle_rewards=self.shuffle_rewards,
+            shuffle_mode=self.shuffle_mode,  # type: ignore[arg-type]  # AsyncGRPOConfig checks it
             flip_rewards=self.flip_rewards,
             shuffle_dataset=self.shuffle_tasks,
             train_unplaced_calls=self.train_unplaced_calls,
@@ -266,6 +269,10 @@ def _help(name: str) -> str:
         "rollouts_per_task": "(eval) rollouts per task",
         "shuffle_rewards": "control run: permute rewards within each group, so they no longer "
                            "follow actions (a loop that still learns has a bug)",
+        "shuffle_mode": "how --shuffle-rewards permutes: balanced (each group's permutation "
+                        "chosen so the run's rewards carry no net signal toward the earned "
+                        "ones) or uniform (a plain random permutation, which at 8 rollouts a "
+                        "group still carries a random-signed signal by chance)",
         "flip_rewards": "control run: train each reward r as 1 - r, so the policy is pushed away "
                         "from what the verifier pays (the pass rate must fall)",
         "train_unplaced_calls": "also train engine calls the capture could not place in the "
