@@ -14,6 +14,7 @@ import pytest
 from bench.learning import run
 from bench.learning.stats import (
     clustered_interval,
+    control_summary,
     per_instruction_change,
     swap_summary,
     verdict,
@@ -75,8 +76,14 @@ def _seeds(rise: float, spread: float = 2.0) -> list[dict[str, float]]:
     return [{i: rise + d for i in INSTRUCTIONS} for d in (-spread, 0, spread, 0)]
 
 
-GOOD = dict(controls={"shuffle": 1.0, "lr0": -2.0, "flip": -12.0},
+def _control(*changes: float) -> dict:
+    return control_summary([{i: c for i in INSTRUCTIONS} for c in changes])
+
+
+GOOD = dict(controls={"shuffle": _control(9.0, -4.0, 1.0, -2.0), "lr0": _control(-2.0),
+                      "flip": _control(-12.0)},
             swap={"follows": 0.9, "answered": 50}, blind_pass=0.1)
+SHUFFLE = "shuffle's mean over >= 4 seeds within +-5"
 
 
 def test_the_bar_is_met_only_when_every_check_holds():
@@ -85,9 +92,9 @@ def test_the_bar_is_met_only_when_every_check_holds():
         "seeds >= 4": dict(seeds=_seeds(30.0)[:3]),
         "mean rise >= 20": dict(seeds=_seeds(15.0)),
         "interval lower end >= 10": dict(seeds=_seeds(22.0, spread=40.0)),
-        "shuffle within +-5": dict(controls={**GOOD["controls"], "shuffle": -10.4}),
-        "lr0 within +-5": dict(controls={**GOOD["controls"], "lr0": 6.0}),
-        "flip falls": dict(controls={**GOOD["controls"], "flip": 0.0}),
+        SHUFFLE: dict(controls={**GOOD["controls"], "shuffle": _control(-10.4, -3, -8, -1)}),
+        "lr0 within +-5": dict(controls={**GOOD["controls"], "lr0": _control(6.0)}),
+        "flip falls": dict(controls={**GOOD["controls"], "flip": _control(0.0)}),
         "swap follows >= 70%": dict(swap={"follows": 0.5}),
         "blind at chance (<= 1/8 + 5 points)": dict(blind_pass=0.4),
     }
@@ -98,31 +105,60 @@ def test_the_bar_is_met_only_when_every_check_holds():
         assert [k for k, ok in v["checks"].items() if not ok] == [check]
 
 
+def test_the_shuffled_control_is_judged_on_its_mean_over_four_seeds_never_on_one_draw():
+    shuffle = GOOD["controls"]["shuffle"]
+    assert shuffle["per_seed"] == [9.0, -4.0, 1.0, -2.0] and shuffle["mean"] == 1.0
+    lo, hi = shuffle["interval"]
+    assert lo < -2.0 and hi > 5.0  # the spread of 4 seeds is in the interval, not hidden
+    for too_few in (_control(0.0), _control(1.0, -1.0, 0.5)):  # a lucky draw does not pass
+        v = verdict(_seeds(30.0), **{**GOOD, "controls": {**GOOD["controls"],
+                                                          "shuffle": too_few}})
+        assert [k for k, ok in v["checks"].items() if not ok] == [SHUFFLE]
+    missing = verdict(_seeds(30.0), **{**GOOD, "controls": {"lr0": _control(0.0),
+                                                            "flip": _control(-1.0)}})
+    assert [k for k, ok in missing["checks"].items() if not ok] == [SHUFFLE]
+    assert control_summary([])["mean"] is None
+
+
 def test_report_reads_a_bench_folder_and_the_table_says_what_failed(tmp_path: Path):
     out = tmp_path / "learning"
     for s, rise in zip(range(4), (3, 4, 2, 3), strict=True):
         (out / f"seed-{s}").mkdir(parents=True)
         (out / f"seed-{s}" / "before_after.json").write_text(json.dumps(_before_after(
             {i: (1, 1 + rise) for i in INSTRUCTIONS})))
-    for control, after in (("shuffle", 1), ("lr0", 1), ("flip", 0)):
-        (out / f"{control}-0").mkdir()
-        (out / f"{control}-0" / "before_after.json").write_text(json.dumps(_before_after(
+    for name, after in (("shuffle-0", 2), ("shuffle-1", 0), ("shuffle-2", 1), ("shuffle-3", 1),
+                        ("lr0-0", 1), ("flip-0", 0), ("lr0-1", 8), ("flip-1", 8)):
+        (out / name).mkdir()  # lr0-1 and flip-1 are not control runs: the report skips them
+        (out / name / "before_after.json").write_text(json.dumps(_before_after(
             {i: (1, after) for i in INSTRUCTIONS})))
     for s in range(4):
         rollouts = out / f"blind-{s}" / "rollouts"
         rollouts.mkdir(parents=True)
         (rollouts / "0.json").write_text(json.dumps(_record(
             "lookup-key-answer-t0-table-blind", 0.0, "cat key.txt", "echo x > answer.txt")))
-    result = run.report(out, [0, 1, 2, 3], ["shuffle", "lr0", "flip"], 0)
+    result = run.report(out, [0, 1, 2, 3], ["shuffle", "lr0", "flip"], [0, 1, 2, 3])
     v = result["verdict"]
     assert v["mean_rise"] == pytest.approx(37.5)
-    assert result["controls"] == {"shuffle": 0.0, "lr0": 0.0, "flip": -12.5}
+    assert {c: s["per_seed"] for c, s in result["controls"].items()} == {
+        "shuffle": [12.5, -12.5, 0.0, 0.0], "lr0": [0.0], "flip": [-12.5]}
+    assert result["controls"]["shuffle"]["mean"] == 0.0
     assert result["blind_pass_rate"] == 0.0 and result["swap"] is None
     assert [k for k, ok in v["checks"].items() if not ok] == ["swap follows >= 70%"]
     text = "\n".join(run.table_lines(result))
     assert "seeds' mean rise +37.5 points over 4" in text and "swap follows >= 70%: NO" in text
+    assert "shuffle control: mean change +0.0 points over 4 seed(s) (+12.5, -12.5, +0.0, +0.0)" \
+        in text
     assert "does not meet issue 32's bar" in text
-    assert json.loads((out / "summary.json").read_text())["controls"]["flip"] == -12.5
+    assert json.loads((out / "summary.json").read_text())["controls"]["flip"]["mean"] == -12.5
+    # One shuffled seed alone (the other three not run) fails the shuffle check by name.
+    one = run.report(out, [0, 1, 2, 3], ["shuffle", "lr0", "flip"], [0])
+    assert not one["verdict"]["checks"][SHUFFLE]
+
+
+def test_shuffle_runs_at_every_control_seed_and_lr0_and_flip_at_the_first():
+    assert run.control_runs(["shuffle", "lr0", "flip"], [3, 5, 7, 9]) == [
+        "shuffle-3", "shuffle-5", "shuffle-7", "shuffle-9", "lr0-3", "flip-3"]
+    assert run.control_runs([], [0, 1]) == []
 
 
 def test_the_commands_are_the_main_command_with_each_control_and_the_diagnostics(tmp_path):

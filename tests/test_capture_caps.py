@@ -5,7 +5,7 @@ never recorded) and counted, in the stats and in the trace's metadata.
 
 Two levels: the proxy itself with 40 calls from a plain HTTP client (capture's fake engine), and
 the attack as it was found: a real mini-swe-agent in the real sandbox whose scripted model writes
-one shell command that reads the agent's key from its config and fires 40 tool-offering calls with
+one shell command that reads the agent's key from its config and fires 12 tool-offering calls with
 prompts of its own choosing.
 """
 
@@ -103,13 +103,15 @@ def test_the_default_caps_follow_the_step_and_token_limits():
 
 # --- the attack through a real agent -----------------------------------------------------------
 # What the policy's one shell command does: read the agent's key and base URL from its config
-# (readable inside the sandbox) and fire 40 tool-offering calls, printing each status.
+# (readable inside the sandbox) and fire 12 tool-offering calls, printing each status. Twelve:
+# mini-swe-agent ends a command at its timeout, and on a loaded 2-core machine 40 calls ran past
+# it (21 were made), which cut the refusal count while the cap itself held.
 INJECT = r"""python3 - <<'PY'
 import json, os, urllib.request as u, urllib.error as e
 c = json.load(open(os.path.expanduser('~/.config/mini-swe-agent/harness.yaml')))
 k = c['model']['model_kwargs']
 codes = []
-for i in range(40):
+for i in range(12):
     body = {'model': 'tiny', 'tools': [{'type': 'function', 'function': {'name': 'bash',
             'parameters': {'type': 'object', 'properties': {}}}}],
             'messages': [{'role': 'user', 'content': 'injected prompt %d' % i}]}
@@ -136,7 +138,7 @@ def _script(request: dict) -> str:
 
 @pytest.mark.agents
 @pytest.mark.slow
-def test_forty_calls_fired_from_inside_the_sandbox_stop_at_the_cap(tiny_model_path):
+def test_twelve_calls_fired_from_inside_the_sandbox_stop_at_the_cap(tiny_model_path):
     with ScriptedEngine(tiny_model_path, _script) as engine:
         factory = HarborSessionFactory(
             None, split=[BUNDLED_DIR / "hello-file"], harness="mini-swe-agent",
@@ -154,4 +156,4 @@ def test_forty_calls_fired_from_inside_the_sandbox_stop_at_the_cap(tiny_model_pa
     assert result.trace is not None
     caps = result.trace.turns[-1].metadata["rollout_caps"]
     assert caps["calls"] == 6 and caps["calls_used"] == 6
-    assert caps["refused"] >= 35  # 35 injected, and the agent's own call after them
+    assert caps["refused"] >= 8  # 7 injected past the cap, and the agent's own call after them

@@ -1,7 +1,7 @@
 """Does the loop learn? Seeds of the main command, three controls, two diagnostics, one table.
 
     .venv/bin/python bench/learning/run.py [--seeds 0 1 2 3] [--controls shuffle lr0 flip]
-                                           [--control-seed 0] [--no-diagnostics]
+                                           [--control-seeds 0 1 2 3] [--no-diagnostics]
                                            [--out runs/learning] [--report-only]
                                            [--harness mini-swe-agent]
                                            [-- EXTRA harness.train FLAGS]
@@ -9,10 +9,13 @@
 Each seed runs the README's main command, `python -m harness.train --harness mini-swe-agent
 --seed S` (its defaults: the lookup warm start, lookup:train, lookup:test evaluated before and
 after, the verifier's reward alone) into OUT/seed-S; `--harness` runs the same command with
-another agent, from that agent's own committed warm start. Three controls run at `--control-seed`:
-`shuffle` (rewards permuted within each group) and `lr0` (learning rate 0: every step runs and
-pushes, the weights never move, so its change is evaluation noise) must stay within +-5 points;
-`flip` (each reward r trained as 1 - r) must fall. Two diagnostics run `harness.eval` on each
+another agent, from that agent's own committed warm start. Three controls: `shuffle` (rewards
+permuted within each group) runs at every `--control-seeds` seed and its mean change must stay
+within +-5 points: one shuffled run is a draw from the -12 to +17 points that 12 steps of training
+on uninformative rewards move this policy (docs/learning.md), so it is judged over as many seeds
+as the rise is; `lr0` (learning rate 0: every step runs and pushes, the weights never move, so its
+change is evaluation noise) must stay within +-5 points and `flip` (each reward r trained as
+1 - r) must fall, each at the first control seed. Two diagnostics run `harness.eval` on each
 seed's trained model (OUT/seed-S/trainer/model): the test split's `swap` variant (the file holds
 another word than in training's instance: the written word must follow the file in >= 70% of
 answers) and its `blind` variant (the file holds no word: the pass rate must fall to chance, 1/8).
@@ -23,8 +26,9 @@ with a 95% interval from a two-way cluster bootstrap over seeds and test instruc
 read here and by the main command's final table only: nothing is tuned on it. It also writes
 OUT/summary.json and OUT/reward_curves.{json,png}. `--report-only` re-reads OUT without running
 anything. Runs go one after another: this machine has 2 cores, and concurrent runs would
-measure each other's load. A run of 4 seeds, 3 controls and 8 diagnostics took 70 min here
-(2026-12-04, mini-swe-agent, the test suite running at `nice 19` beside it).
+measure each other's load. A run of 4 seeds, 3 controls at one seed and 8 diagnostics took 70 min
+here (2026-12-04, mini-swe-agent, the test suite running at `nice 19` beside it); the default's
+three more shuffled seeds add about 20 min.
 """
 
 from __future__ import annotations
@@ -39,11 +43,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo's rooms
 
 from bench.learning.stats import (  # noqa: E402
+    CONTROL_MIN_SEEDS,
     CONTROLS,
+    control_summary,
     pass_rate,
     per_instruction_change,
     read_records,
-    seed_mean,
     swap_summary,
     verdict,
 )
@@ -67,6 +72,13 @@ def diagnostic_command(seed: int, variant: str, tasks: Path, out: Path,
             "--model", str(out / f"seed-{seed}" / "trainer" / "model"),
             "--tasks", str(tasks / "test"), "--rollouts-per-task", "1",
             "--max-agent-steps", "2", "--output-dir", str(out / f"{variant}-{seed}")]
+
+
+def control_runs(controls: list[str], control_seeds: list[int]) -> list[str]:
+    """The control runs' names: `shuffle` at every control seed (its check needs the mean of
+    several), `lr0` and `flip` at the first one (one seed answers each: stats.CONTROL_MIN_SEEDS)."""
+    return [f"{c}-{s}" for c in controls
+            for s in (control_seeds if CONTROL_MIN_SEEDS[c] > 1 else control_seeds[:1])]
 
 
 def read_result(run_dir: Path) -> dict | None:
@@ -115,17 +127,19 @@ def write_reward_curves(out: Path, names: list[str]) -> Path:
                     out / "reward_curves.png")
 
 
-def report(out: Path, seeds: list[int], controls: list[str], control_seed: int) -> dict:
+def report(out: Path, seeds: list[int], controls: list[str], control_seeds: list[int]) -> dict:
     """Read OUT: every run's result, the diagnostics, the verdict (also OUT/summary.json)."""
     runs = {f"seed-{s}": read_result(out / f"seed-{s}") for s in seeds}
-    runs.update({f"{c}-{control_seed}": read_result(out / f"{c}-{control_seed}")
-                 for c in controls})
+    names = control_runs(controls, control_seeds)
+    runs.update({name: read_result(out / name) for name in names})
     swap_records = [r for s in seeds for r in read_records(out / f"swap-{s}")]
     blind_records = [r for s in seeds for r in read_records(out / f"blind-{s}")]
     seed_changes = [r["per_instruction"] for n, r in runs.items()
                     if n.startswith("seed-") and r and r["per_instruction"]]
-    control_changes = {c: (seed_mean(runs[f"{c}-{control_seed}"]["per_instruction"])
-                           if runs.get(f"{c}-{control_seed}") else None) for c in controls}
+    control_changes = {c: control_summary([runs[n]["per_instruction"] for n in names
+                                           if n.split("-")[0] == c and runs[n]
+                                           and runs[n]["per_instruction"]])
+                       for c in controls}
     swap = swap_summary(swap_records) if swap_records else None
     blind = pass_rate(blind_records)
     result = {"runs": runs, "controls": control_changes, "swap": swap, "blind_pass_rate": blind,
@@ -154,6 +168,14 @@ def table_lines(result: dict) -> list[str]:
         lines.append(f"seeds' mean rise {v['mean_rise']:+.1f} points over {len(v['per_seed'])}"
                      + (f", 95% interval [{ci[0]:+.1f}, {ci[1]:+.1f}] (two-way cluster "
                         "bootstrap: seeds x test instructions)" if ci else ""))
+    for name, c in result["controls"].items():
+        if c["mean"] is None:
+            continue
+        ci = c["interval"]
+        lines.append(f"{name} control: mean change {c['mean']:+.1f} points over "
+                     f"{len(c['per_seed'])} seed(s) ("
+                     + ", ".join(f"{m:+.1f}" for m in c["per_seed"]) + ")"
+                     + (f", 95% interval [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else ""))
     swap, blind = result["swap"], result["blind_pass_rate"]
     if swap:
         lines.append(f"swap test: {swap['answered']} of {swap['rollouts']} rollouts wrote a "
@@ -184,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     parser.add_argument("--controls", nargs="*", choices=sorted(CONTROLS),
                         default=["shuffle", "lr0", "flip"])
-    parser.add_argument("--control-seed", type=int, default=0)
+    parser.add_argument("--control-seeds", nargs="+", type=int, default=[0, 1, 2, 3],
+                        help="seeds of the shuffled control; lr0 and flip run at the first "
+                             "(default: %(default)s)")
     parser.add_argument("--no-diagnostics", action="store_true",
                         help="skip the swap and blind evaluations of the trained models")
     parser.add_argument("--out", type=Path, default=Path("runs/learning"))
@@ -197,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             _run(train_command(f"seed-{seed}", seed, args.out, extra, args.harness),
                  f"seed-{seed}")
-        for control in args.controls:
-            name = f"{control}-{args.control_seed}"
-            _run(train_command(name, args.control_seed, args.out, extra, args.harness), name)
+        for name in control_runs(args.controls, args.control_seeds):
+            seed = int(name.rsplit("-", 1)[1])
+            _run(train_command(name, seed, args.out, extra, args.harness), name)
         if not args.no_diagnostics:
             from harness.tasks.lookup import generate
 
@@ -209,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                     for seed in args.seeds:
                         _run(diagnostic_command(seed, variant, Path(scratch) / variant,
                                                 args.out, args.harness), f"{variant}-{seed}")
-    result = report(args.out, args.seeds, args.controls, args.control_seed)
+    result = report(args.out, args.seeds, args.controls, args.control_seeds)
     print("\n".join(table_lines(result)))
     names = [*result["runs"]]
     print(f"reward curves: {write_reward_curves(args.out, names)} (data: reward_curves.json)")

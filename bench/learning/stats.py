@@ -23,6 +23,13 @@ NOISE_POINTS = 5.0  # shuffled rewards and lr 0 stay within +-5 points of zero
 FOLLOW_SHARE = 0.70  # the swap test: answers follow the observed word in >= 70% of answers
 CONTROLS = {"shuffle": ["--shuffle-rewards"], "lr0": ["--learning-rate", "0"],
             "flip": ["--flip-rewards"]}
+# Seeds each control needs before its check can pass. The shuffled control's change is mostly
+# training noise: 12 steps of Adam on rewards that carry no information still move the policy,
+# by -12 to +17 points per seed on dev and test (docs/learning.md), so one run of it is a draw
+# from that spread, and "within +-5" is judged on its mean over as many seeds as the rise. lr 0
+# never moves the weights (its change is evaluation noise, 0.0 with per-request seeds) and a
+# flipped run falls by tens of points, so one seed answers each.
+CONTROL_MIN_SEEDS = {"shuffle": 4, "lr0": 1, "flip": 1}
 
 
 def per_instruction_change(before_after: dict) -> dict[str, float]:
@@ -94,22 +101,37 @@ def pass_rate(records: list[dict]) -> float | None:
     return round(sum(r["env_reward"] >= 1 for r in scored) / len(scored), 4) if scored else None
 
 
-def verdict(seeds: list[dict[str, float]], controls: dict[str, float | None],
+def control_summary(runs: list[dict[str, float]]) -> dict:
+    """One control over its seeds: each run's change, their mean and its clustered interval
+    (runs that failed or were not run are left out before this)."""
+    means = [m for m in (seed_mean(c) for c in runs) if m is not None]
+    return {"per_seed": means, "mean": sum(means) / len(means) if means else None,
+            "interval": clustered_interval(runs)}
+
+
+def _control_within(summary: dict | None, name: str) -> bool:
+    return (summary is not None and summary["mean"] is not None
+            and len(summary["per_seed"]) >= CONTROL_MIN_SEEDS[name]
+            and abs(summary["mean"]) <= NOISE_POINTS)
+
+
+def verdict(seeds: list[dict[str, float]], controls: dict[str, dict | None],
             swap: dict | None, blind_pass: float | None) -> dict:
-    """Issue 32's bar: the mean rise, its interval's lower end, the controls, the diagnostics."""
+    """Issue 32's bar: the mean rise, its interval's lower end, the controls (each a
+    `control_summary`), the diagnostics."""
     means = [m for m in (seed_mean(c) for c in seeds) if m is not None]
     mean = sum(means) / len(means) if means else None
     interval = clustered_interval(seeds)
+    flip = controls.get("flip")
     checks = {
         "seeds >= 4": len(means) >= 4,
         f"mean rise >= {RISE_POINTS:.0f}": mean is not None and mean >= RISE_POINTS,
         f"interval lower end >= {RISE_LOWER_POINTS:.0f}":
             interval is not None and interval[0] >= RISE_LOWER_POINTS,
-        f"shuffle within +-{NOISE_POINTS:.0f}":
-            controls.get("shuffle") is not None and abs(controls["shuffle"]) <= NOISE_POINTS,
-        f"lr0 within +-{NOISE_POINTS:.0f}":
-            controls.get("lr0") is not None and abs(controls["lr0"]) <= NOISE_POINTS,
-        "flip falls": controls.get("flip") is not None and controls["flip"] < 0,
+        f"shuffle's mean over >= {CONTROL_MIN_SEEDS['shuffle']} seeds within "
+        f"+-{NOISE_POINTS:.0f}": _control_within(controls.get("shuffle"), "shuffle"),
+        f"lr0 within +-{NOISE_POINTS:.0f}": _control_within(controls.get("lr0"), "lr0"),
+        "flip falls": flip is not None and flip["mean"] is not None and flip["mean"] < 0,
         f"swap follows >= {FOLLOW_SHARE:.0%}":
             bool(swap) and swap.get("follows") is not None and swap["follows"] >= FOLLOW_SHARE,
         "blind at chance (<= 1/8 + 5 points)":
