@@ -129,8 +129,9 @@ def test_report_reads_a_bench_folder_and_the_table_says_what_failed(tmp_path: Pa
     for name, after in (("shuffle-0", 2), ("shuffle-1", 0), ("shuffle-2", 1), ("shuffle-3", 1),
                         ("lr0-0", 1), ("flip-0", 0), ("lr0-1", 8), ("flip-1", 8)):
         (out / name).mkdir()  # lr0-1 and flip-1 are not control runs: the report skips them
-        (out / name / "before_after.json").write_text(json.dumps(_before_after(
-            {i: (1, after) for i in INSTRUCTIONS})))
+        data = _before_after({i: (1, after) for i in INSTRUCTIONS})
+        data["change_points"] = 100.0 * (after - 1) / 8  # the run's own whole-split change
+        (out / name / "before_after.json").write_text(json.dumps(data))
     for s in range(4):
         rollouts = out / f"blind-{s}" / "rollouts"
         rollouts.mkdir(parents=True)
@@ -149,6 +150,11 @@ def test_report_reads_a_bench_folder_and_the_table_says_what_failed(tmp_path: Pa
     assert "shuffle control: mean change +0.0 points over 4 seed(s) (+12.5, -12.5, +0.0, +0.0)" \
         in text
     assert "does not meet issue 32's bar" in text
+    # Each seed's change (30.0) minus its own shuffled run's (+12.5, -12.5, 0, 0).
+    assert result["over_shuffle"] == {"per_seed": {0: 17.5, 1: 42.5, 2: 30.0, 3: 30.0},
+                                      "mean": 30.0}
+    assert "rise over the same seed's shuffled control: mean +30.0 points (seed 0 +17.5, " \
+        "seed 1 +42.5" in text
     assert json.loads((out / "summary.json").read_text())["controls"]["flip"]["mean"] == -12.5
     # One shuffled seed alone (the other three not run) fails the shuffle check by name.
     one = run.report(out, [0, 1, 2, 3], ["shuffle", "lr0", "flip"], [0])

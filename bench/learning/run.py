@@ -127,6 +127,15 @@ def write_reward_curves(out: Path, names: list[str]) -> Path:
                     out / "reward_curves.png")
 
 
+def over_shuffle(runs: dict, seeds: list[int]) -> dict | None:
+    """Each seed's rise minus its shuffled control's change at the same seed (the same tasks in
+    the same order, the same rollouts at step 1): the part of the rise the rewards carried."""
+    pairs = {s: runs[f"seed-{s}"]["change_points"] - runs[f"shuffle-{s}"]["change_points"]
+             for s in seeds if (runs.get(f"seed-{s}") or {}).get("change_points") is not None
+             and (runs.get(f"shuffle-{s}") or {}).get("change_points") is not None}
+    return {"per_seed": pairs, "mean": sum(pairs.values()) / len(pairs)} if pairs else None
+
+
 def report(out: Path, seeds: list[int], controls: list[str], control_seeds: list[int]) -> dict:
     """Read OUT: every run's result, the diagnostics, the verdict (also OUT/summary.json)."""
     runs = {f"seed-{s}": read_result(out / f"seed-{s}") for s in seeds}
@@ -143,6 +152,7 @@ def report(out: Path, seeds: list[int], controls: list[str], control_seeds: list
     swap = swap_summary(swap_records) if swap_records else None
     blind = pass_rate(blind_records)
     result = {"runs": runs, "controls": control_changes, "swap": swap, "blind_pass_rate": blind,
+              "over_shuffle": over_shuffle(runs, seeds),
               "verdict": verdict(seed_changes, control_changes, swap, blind)}
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     return result
@@ -176,6 +186,11 @@ def table_lines(result: dict) -> list[str]:
                      f"{len(c['per_seed'])} seed(s) ("
                      + ", ".join(f"{m:+.1f}" for m in c["per_seed"]) + ")"
                      + (f", 95% interval [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else ""))
+    paired = result.get("over_shuffle")
+    if paired:
+        lines.append(f"rise over the same seed's shuffled control: mean {paired['mean']:+.1f} "
+                     "points (" + ", ".join(f"seed {s} {d:+.1f}" for s, d in
+                                            paired["per_seed"].items()) + ")")
     swap, blind = result["swap"], result["blind_pass_rate"]
     if swap:
         lines.append(f"swap test: {swap['answered']} of {swap['rollouts']} rollouts wrote a "
