@@ -93,3 +93,17 @@ def test_a_trainer_step_at_learning_rate_zero_runs_and_moves_no_weight(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     before, after, _ = step(1e-2)  # the same step at a real rate does move them
     assert not all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_the_kl_anchor_reaches_the_trainer_from_the_command_line():
+    """--beta (TRL's name) is the trainer's k3 KL coefficient to the initial policy; 0 by
+    default (no reference model is built); train-only; a negative one is refused by name."""
+    assert settings_from_args(build_parser("t", "d"), []).trainer_config().beta == 0.0
+    anchored = settings_from_args(build_parser("t", "d"), ["--beta", "0.2", "--shuffle-rewards"])
+    config = anchored.trainer_config()
+    assert config.beta == 0.2 and config.shuffle_rewards
+    assert not config.validate()
+    negative = settings_from_args(build_parser("t", "d"), ["--beta", "-0.1"]).trainer_config()
+    assert any(p.startswith("beta=-0.1") for p in negative.validate())
+    eval_flags = build_parser("e", "d", eval_mode=True).format_help()
+    assert "--beta" not in eval_flags and "--learning-rate" not in eval_flags

@@ -35,7 +35,7 @@ import yaml
 __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "settings_from_args"]
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
-TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "resume", "weight_sync",
+TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "beta", "resume", "weight_sync",
                         "reward_fn", "reward_funcs", "report_to", "shuffle_rewards", "shuffle_mode",
                         "flip_rewards",
                         "shuffle_tasks", "eval_tasks", "eval_rollouts_per_task", "rollout_service",
@@ -84,6 +84,7 @@ class RunSettings:
     save_steps: int = 50  # sharded checkpoint every N steps, and after the last one
     # None: 5e-4 for the committed tiny models, 1e-6 for a --model of your own (__post_init__).
     learning_rate: float | None = None
+    beta: float = 0.0  # KL (k3) to the initial policy, per token; 0: no reference model
     temperature: float = 1.0
     max_tokens: int = 128  # per engine call, enforced by the capture proxy
     # Agent turns per rollout. None (__post_init__): 2 on the lookup family (look, then write:
@@ -166,7 +167,7 @@ class RunSettings:
             max_concurrent_rollouts=self.max_concurrent_rollouts,
             temperature=self.temperature,
             max_tokens=self.max_tokens, learning_rate=self.learning_rate, max_steps=self.steps,
-            seed=self.seed, output_dir=str(Path(run_dir) / "trainer"),
+            beta=self.beta, seed=self.seed, output_dir=str(Path(run_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
             save_steps=self.save_steps, shuffle_rewards=self.shuffle_rewards,
             shuffle_mode=self.shuffle_mode,  # type: ignore[arg-type]  # AsyncGRPOConfig checks it
@@ -242,6 +243,8 @@ def _help(name: str) -> str:
         "learning_rate": "AdamW learning rate (default: 5e-4 for the committed tiny models, "
                          "1e-6 for any other --model; 0 is the control that measures "
                          "evaluation noise: every step runs, the weights never move)",
+        "beta": "KL penalty to the initial policy (TRL's beta): each completion token's loss "
+                "gets beta x k3(policy, initial policy); 0 (default) builds no reference model",
         "temperature": "sampling temperature (enforced on every agent call)",
         "max_tokens": "completion token cap per engine call (enforced by the proxy)",
         "max_agent_steps": "agent turns allowed per rollout (default: 2 on lookup:*, 1 on "
