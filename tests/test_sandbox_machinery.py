@@ -258,6 +258,32 @@ async def test_a_dead_pid_1_is_reported_as_died_not_closed(sandbox: BwrapSandbox
         await sandbox.prepare_grading()
 
 
+@pytest.mark.parametrize("in_flight", [True, False], ids=["during-a-command", "before-a-command"])
+async def test_pid_1_dead_while_bwrap_is_slow_to_reap_it_is_still_reported_as_died(
+    sandbox: BwrapSandbox, in_flight: bool
+) -> None:
+    # A loaded host: bwrap (stopped here) gets no CPU to reap its dead child for seconds. The
+    # death must still be told apart from a channel error (a rollout's cause hangs on it).
+    assert sandbox.supervisor_pid is not None and sandbox._proc is not None
+    bwrap = sandbox._proc.pid
+    command = asyncio.ensure_future(sandbox.exec(["sleep", "60"])) if in_flight else None
+    await asyncio.sleep(0.3)
+    os.kill(bwrap, signal.SIGSTOP)
+    os.kill(sandbox.supervisor_pid, signal.SIGKILL)
+
+    async def resume_later() -> None:
+        await asyncio.sleep(3.0)  # longer than the old fixed 2 s wait
+        os.kill(bwrap, signal.SIGCONT)
+
+    resume = asyncio.ensure_future(resume_later())
+    try:
+        with pytest.raises(SandboxDiedError, match="pid 1 exited"):
+            await asyncio.wait_for(command or sandbox.exec(["true"]), 30)
+    finally:
+        await resume
+    assert sandbox._proc.poll() is not None
+
+
 async def test_a_silent_pid_1_does_not_hang_grading(
     sandbox: BwrapSandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:

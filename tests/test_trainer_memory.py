@@ -253,3 +253,19 @@ def test_a_deep_copy_of_a_used_model_runs_its_own_weights_not_the_originals():
             p.mul_(0.5)
         assert torch.equal(microbatch_logprobs(model, mb, 1.0)[0], before)
         assert not torch.allclose(microbatch_logprobs(twin, mb, 1.0)[0], before)
+
+
+def test_the_reference_model_adds_its_bf16_shard_and_gathered_layers_to_the_total(capsys):
+    s = QWEN3["Qwen3-32B"]
+    plain = estimate(s, world=8, tokens=32768, checkpointing=True)
+    ref = estimate(s, world=8, tokens=32768, checkpointing=True, reference=True)
+    term = 2 * s.params() / 8 + 2 * (2 * s.layer_params() + s.root_params())
+    assert "reference" not in plain and ref["reference"] == term
+    assert ref["total"] == pytest.approx(plain["total"] + term)
+    assert main(["--table", "--reference"]) == 0
+    with_ref = capsys.readouterr().out
+    assert main(["--table"]) == 0
+    without = capsys.readouterr().out
+    row = next(line for line in with_ref.splitlines() if line.startswith("| Qwen3-32B"))
+    assert f"{ref['total'] / 2**30:.1f}" in row and "with the reference" in with_ref
+    assert "with the reference" not in without

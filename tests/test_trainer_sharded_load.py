@@ -28,7 +28,7 @@ sys.path.insert(0, {repo!r})
 from safetensors import safe_open
 from trainer.distributed import init_distributed
 from trainer.forward import microbatch_logprobs
-from trainer.memory import ModelShape
+from trainer.memory import ModelShape, estimate
 from trainer.model_init import build_model, build_reference, enable_gradient_checkpointing
 from trainer.packing import MicroBatch
 
@@ -88,7 +88,16 @@ result["ckpt_max_diff"] = max((plain[n] - ckpt[n]).abs().max().item() for n in p
 result["grad_norm"] = sum(g.norm().item() ** 2 for g in plain.values()) ** 0.5
 
 # The reference model: bf16, sharded the same way, its weights the file's cast to bf16.
+dist.barrier()
+open("/proc/self/clear_refs", "w").write("5")
+base = rss("VmRSS")
 ref = build_reference({path!r}, info, torch.bfloat16)
+dist.barrier()
+result["ref_peak"] = rss("VmHWM") - base  # the heap may reuse freed blocks: an upper bound
+result["ref_kept"] = sum(p.to_local().numel() * p.element_size() for p in ref.parameters())
+result["ref_shard"] = estimate(shape, world=info.world_size, tokens=1, checkpointing=False,
+                               reference=True)["reference"] - 2 * (2 * shape.layer_params()
+                                                                   + shape.root_params())
 w = ref.model.layers[0].mlp.up_proj.weight.full_tensor()
 with safe_open({path!r} + "/model.safetensors", framework="pt") as f:
     result["ref_ok"] = (w.dtype == torch.bfloat16 and not any(
@@ -147,6 +156,14 @@ def test_two_ranks_each_hold_about_their_shard_while_loading_not_the_whole_model
         assert res["peak"] < res["shard"] + 24 * mib, res
         assert res["peak"] < 0.65 * res["whole"], res
         assert res["tied"] and res["inv_freq_ok"] and res["ref_ok"], res
+        # The beta > 0 reference: each rank's local bf16 shard is what trainer.memory's
+        # `reference` term counts (less the layers it gathers during its forward, not run yet),
+        # and building it never held more than that shard plus a staging block.
+        print(f"rank {r}: reference kept {res['ref_kept'] / mib:.0f} MiB, peak "
+              f"{res['ref_peak'] / mib:.0f} MiB, calculator's shard {res['ref_shard'] / mib:.0f} MiB")
+        assert res["ref_shard"] == res["whole"] // 4  # 2 bytes x P / 2 ranks
+        assert abs(res["ref_kept"] - res["ref_shard"]) < 1 * mib, res  # shards round up
+        assert res["ref_peak"] < res["ref_shard"] + 24 * mib, res
         assert res["ckpt_on"] and res["grad_norm"] > 0
         assert res["ckpt_max_diff"] < 1e-5, res  # checkpointing under FSDP2: same gradients
     assert ranks[0]["mismatch"] == []  # every parameter equals the file's

@@ -2,6 +2,7 @@
 
     python -m trainer.memory --table                 # Qwen3-4B/8B/32B on 8x H100 / 8x H200
     python -m trainer.memory --table --tokens 16384 --logits-chunk 2048
+    python -m trainer.memory --table --reference     # with beta > 0's frozen reference model
 
 Why it exists: the first real run should not be the way to learn that a model does not fit.
 Every term below is what this trainer allocates (trainer/grpo.py, distributed.py, forward.py,
@@ -24,6 +25,11 @@ loss.py), per GPU, with FSDP2 over `world` GPUs and a bf16 compute dtype:
 - logits: one [chunk x vocabulary] slab of fp32 logits and its softmax (loss.py), plus the
   [tokens x hidden] final hidden states kept for the chunked backward and their gradient.
 
+- reference (`beta > 0`, `--reference`): the frozen initial policy in bf16, sharded like the
+  policy (2 P / world), and its current and prefetched layer and root unit gathered during its
+  forward. That forward runs under no_grad before the policy's, so it adds no activations to the
+  policy's peak (trainer/loop.py).
+
 - deferred gradients: with `reduce_grads_per_microbatch="auto"` FSDP2 holds every unit's
   unsharded bf16 gradient until the step's last micro-batch where those (2 P bytes) fit in a
   quarter of the GPU (trainer/loop.py defer_grad_sync); the table adds them per GPU type.
@@ -38,8 +44,8 @@ bf16; the peak resident memory of a whole forward and backward, with checkpointi
 against `estimate`; and (tests/test_trainer_sharded_load.py) each of two ranks' peak during the
 sharded load against its share of `ModelShape.params()`.
 
-Not counted: the CUDA context and NCCL buffers (~1-3 GiB), allocator fragmentation, the
-reference model (`beta > 0`: add `reference=True`), and attention kernels that save more than
+Not counted: the CUDA context and NCCL buffers (~1-3 GiB), allocator fragmentation, and attention
+kernels that save more than
 flash attention does (sdpa's math path keeps a [heads x tokens x tokens] matrix). A row longer
 than `max_tokens_per_microbatch` is forwarded alone, whole: its activations are those of a
 micro-batch of its length, so size the budget (`--tokens`) for the longest row you train.
@@ -164,17 +170,19 @@ def deferred_grad_bytes(s: ModelShape, gpu_gib: float, b: int = 2) -> float:
     return held if held <= DEFERRED_GRAD_SHARE * gpu_gib * GiB else 0.0
 
 
-def table(tokens: int = 32768, world: int = 8, logits_chunk: int = 1024) -> str:
-    """The README's markdown table: GiB per GPU, checkpointing on / off."""
+def table(tokens: int = 32768, world: int = 8, logits_chunk: int = 1024,
+          reference: bool = False) -> str:
+    """The README's markdown table: GiB per GPU, checkpointing on / off (`reference`: beta > 0)."""
     gpus = " / ".join(GPUS)
     lines = [f"| model | params (B) | parameters + grads + AdamW (GiB) | gathered bf16 | "
              f"activations at {tokens // 1024}k tokens, ckpt on / off | logits / layer backward | "
-             f"total on / off | deferred grads ({gpus}) | 8x H100 80GB | 8x H200 141GB |",
+             f"total on / off{' (with the reference)' if reference else ''} | deferred grads ({gpus}) | 8x H100 80GB | 8x H200 141GB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in QWEN3.items():
-        on = estimate(s, world=world, tokens=tokens, checkpointing=True, logits_chunk=logits_chunk)
+        on = estimate(s, world=world, tokens=tokens, checkpointing=True, logits_chunk=logits_chunk,
+                      reference=reference)
         off = estimate(s, world=world, tokens=tokens, checkpointing=False,
-                       logits_chunk=logits_chunk)
+                       logits_chunk=logits_chunk, reference=reference)
         state = on["parameters"] + on["gradients"] + on["optimizer"]
         fits, deferred = [], []
         for cap in GPUS.values():
@@ -200,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32768,
                     help="tokens per GPU in one micro-batch (default 32768)")
     ap.add_argument("--world", type=int, default=8, help="GPUs the model is sharded over")
+    ap.add_argument("--reference", action="store_true",
+                    help="count the beta > 0 reference model (bf16, sharded) in every total")
     ap.add_argument("--logits-chunk", type=int, default=1024,
                     help="logits_chunk_tokens (0: dense logits of every token)")
     a = ap.parse_args(argv)
@@ -208,12 +218,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{name}={value}: must be >= 1")
     if a.logits_chunk < 0:
         ap.error(f"--logits-chunk={a.logits_chunk}: must be >= 0")
-    print(table(a.tokens, a.world, a.logits_chunk))
+    print(table(a.tokens, a.world, a.logits_chunk, a.reference))
     print(f"\nGiB per GPU, FSDP2 over {a.world} GPUs, bf16 compute on fp32 master weights. "
           "Activations include the recomputed layer when checkpointing; the total adds the larger "
           "of the logits and layer-backward phases (they do not overlap); 'fits' leaves 3 GiB for "
           "the CUDA context and NCCL and adds the deferred gradients (0.0: that GPU reduces after "
-          "every micro-batch). See trainer/memory.py.")
+          "every micro-batch)" + (", and the beta > 0 reference model" if a.reference else "")
+          + ". See trainer/memory.py.")
     return 0
 
 

@@ -39,15 +39,21 @@ __all__ = ["Pid1Requests"]
 # A supervisor op (kill everything, the grading reset) that takes longer than this means pid 1
 # is wedged or dying: waiting on forever would hang the grading (issue 29, finding 10).
 _OP_TIMEOUT_S = 120.0
+# A dead pid 1 whose bwrap has not exited after this long: bwrap itself is wedged; the error is
+# then reported as a channel error rather than waited on forever.
+_REAP_WAIT_S = 30.0
+_PF_EXITING = 0x4  # include/linux/sched.h: set at the start of do_exit()
 
 
 class Pid1Requests:
     """kill_processes and prepare_grading for a sandbox class with a pid 1 (BwrapSandbox): its
-    `name`, private `dir`, bwrap process `_proc`, `_check_alive()` and `_log_tail()`."""
+    `name`, private `dir`, bwrap process `_proc`, pid 1's host pid `_child_pid`, `_check_alive()`
+    and `_log_tail()`."""
 
     name: str
     dir: Path | None
     _proc: subprocess.Popen[bytes] | None
+    _child_pid: int | None  # the supervisor's host pid (bwrap's --info-fd child-pid)
 
     _check_alive: Callable[[], None]  # the sandbox class's own
     _log_tail: Callable[[], str]
@@ -135,7 +141,8 @@ class Pid1Requests:
                 done, _ = await asyncio.wait({task}, timeout=0.05)
                 if done:
                     return task.result()
-                if self._proc is not None and self._proc.poll() is not None:
+                if self._proc is not None and (self._proc.poll() is not None or self._pid1_dead()):
+                    await self._settle()  # dead but not yet reaped: wait for bwrap's status
                     self._check_alive()  # raises: died, or stopped under us
                     raise SandboxClosedError(f"sandbox {self.name} is not running")
         finally:
@@ -143,12 +150,28 @@ class Pid1Requests:
                 task.cancel()
                 await asyncio.wait({task})
 
+    def _pid1_dead(self) -> bool:
+        """Whether the supervisor is a zombie or gone, read from /proc (bwrap may not have
+        reaped it yet: on a loaded host bwrap can wait seconds for the CPU)."""
+        if self._child_pid is None:
+            return False
+        try:
+            stat = Path(f"/proc/{self._child_pid}/stat").read_text()
+        except OSError:
+            return True
+        # "pid (comm) state ppid pgrp session tty tpgid flags ...", after the last ")" (comm may
+        # hold one). A dying process closes its files (our channel sees EOF) before it turns
+        # zombie; the kernel sets PF_EXITING in its flags first, so that is what tells.
+        fields = stat[stat.rfind(")") + 2:].split()
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING)
+
     async def _settle(self) -> None:
-        """A broken channel: give a dying pid 1 a moment to be reaped, so it is told apart."""
+        """A broken channel: if pid 1 is dying, wait for bwrap to reap it so _check_alive tells
+        the death apart from a plain channel error; if pid 1 is alive, return at once."""
         if self._proc is None:
             return
-        deadline = time.monotonic() + 2.0
-        while self._proc.poll() is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + _REAP_WAIT_S
+        while self._proc.poll() is None and self._pid1_dead() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
     async def _supervisor_op(self, op: str, args: dict[str, object]) -> dict[str, object]:
