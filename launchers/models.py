@@ -78,9 +78,12 @@ def _check_local(path: Path, spec: str) -> None:
 
 
 def lookup_default(harness: str | None, tasks: str | None) -> bool:
-    """Whether the default model is the lookup family's warm start: mini-swe-agent on lookup:*
-    (the other agents have no lookup warm start yet and start from their create-file one)."""
-    return harness in (None, "mini-swe-agent") and (tasks or "").startswith("lookup:")
+    """Whether the default model is a lookup family warm start: on lookup:*, mini-swe-agent's
+    and those of LOOKUP_AGENTS (the other agents start from their create-file one)."""
+    from launchers.warm_models import LOOKUP_AGENTS
+
+    return harness in (None, "mini-swe-agent", *LOOKUP_AGENTS) and (tasks or "").startswith(
+        "lookup:")
 
 
 def resolve_model(spec: str | None, *, harness: str | None = None, tasks: str | None = None,
@@ -89,7 +92,8 @@ def resolve_model(spec: str | None, *, harness: str | None = None, tasks: str | 
 
     None is the default model, committed under models/: on the lookup family (`tasks`
     lookup:*) with mini-swe-agent (or no harness), the tiny model warm-started on its train
-    pairs (tiny-qwen3-lookup, harness/warm/lookup.py); otherwise the tiny model
+    pairs (tiny-qwen3-lookup, harness/warm/lookup.py), with an agent of LOOKUP_AGENTS its own
+    (tiny-qwen3-lookup-HARNESS); otherwise the tiny model
     warm-started on the create-file family's train tasks in `harness`'s own prompt format
     (tiny-qwen3-create-file by harness/warm/create_file.py for mini-swe-agent and no harness;
     tiny-qwen3-create-file-{codex,opencode,claude-code} by harness/warm/agents.py for those
@@ -108,7 +112,7 @@ def resolve_model(spec: str | None, *, harness: str | None = None, tasks: str | 
         )
 
         if lookup_default(harness, tasks):
-            return ResolvedModel(committed_lookup_model(), "tiny")
+            return ResolvedModel(committed_lookup_model(harness=harness), "tiny")
         if harness in AGENT_WARM_MODELS:
             return ResolvedModel(committed_agent_warm_model(harness), "tiny")
         return ResolvedModel(committed_warm_model(), "tiny")

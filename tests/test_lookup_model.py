@@ -30,50 +30,79 @@ from harness.tasks.lookup import lookup_tasks, source_text
 from harness.warm.lookup import synthetic_vocabulary
 from launchers.models import resolve_model
 from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
-from launchers.warm_models import LOOKUP_MODEL, LOOKUP_REBUILD, committed_lookup_model
-from tests.helpers.teacher_forced import call_rank, encode_prompt, mini_first_request
+from launchers.warm_models import (
+    AGENT_WARM_MODELS,
+    AGENTS,
+    LOOKUP_AGENTS,
+    LOOKUP_MODEL,
+    committed_lookup_model,
+    lookup_model_dir,
+    lookup_rebuild_command,
+)
+from tests.helpers.teacher_forced import (
+    call_rank,
+    encode_prompt,
+    mini_first_request,
+    opencode_first_request,
+)
+
+HARNESSES = ("mini-swe-agent", *LOOKUP_AGENTS)  # those with a lookup warm start committed
 
 
-def _build() -> dict:
-    return json.loads((LOOKUP_MODEL / "BUILD.json").read_text())
+def _build(harness: str = "mini-swe-agent") -> dict:
+    return json.loads((lookup_model_dir(harness) / "BUILD.json").read_text())
 
 
-def test_the_main_commands_model_is_the_committed_lookup_warm_start_with_every_file_hashed():
-    for harness in (None, "mini-swe-agent"):
-        resolved = resolve_model(None, harness=harness, tasks="lookup:train")
-        assert resolved.path == LOOKUP_MODEL and resolved.source == "tiny"
-    # The other agents have no lookup warm start: they keep their own create-file one.
-    assert resolve_model(None, harness="opencode", tasks="lookup:train").path != LOOKUP_MODEL
-    build = _build()
-    on_disk = {p.name for p in LOOKUP_MODEL.iterdir() if p.is_file() and p.name != "BUILD.json"}
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_the_main_commands_model_is_the_committed_lookup_warm_start_with_every_file_hashed(
+        harness: str):
+    directory = lookup_model_dir(harness)
+    for name in (None, "mini-swe-agent") if harness == "mini-swe-agent" else (harness,):
+        resolved = resolve_model(None, harness=name, tasks="lookup:train")
+        assert resolved.path == directory and resolved.source == "tiny"
+    build = _build(harness)
+    on_disk = {p.name for p in directory.iterdir() if p.is_file() and p.name != "BUILD.json"}
     assert on_disk == set(build["files"]) and {"model.safetensors", "tokenizer.json"} <= on_disk
-    assert build["built_by"] == LOOKUP_REBUILD
-    assert (LOOKUP_MODEL / "tokenizer.json").read_bytes() == (
+    assert build["built_by"] == lookup_rebuild_command(harness)
+    assert build.get("harness", "mini-swe-agent") == harness
+    assert (directory / "tokenizer.json").read_bytes() == (
         COMMITTED_MODEL / "tokenizer.json").read_bytes()
 
 
-def test_it_saw_one_rollout_per_train_instruction_and_was_probed_on_dev_not_test():
-    build = _build()
+def test_an_agent_without_a_lookup_warm_start_keeps_its_create_file_one():
+    for harness in sorted(set(AGENTS) - set(LOOKUP_AGENTS)):
+        resolved = resolve_model(None, harness=harness, tasks="lookup:train")
+        assert resolved.path == AGENT_WARM_MODELS[harness]
+        with pytest.raises(ValueError, match="no lookup warm start"):
+            committed_lookup_model(harness=harness)
+
+
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_it_saw_one_rollout_per_train_instruction_and_was_probed_on_dev_not_test(harness: str):
+    build = _build(harness)
     train_instructions = {t.metadata["instruction_id"] for t in lookup_tasks("train")}
     assert build["captured_rollouts"] == len(train_instructions)
     assert set(build["probe"]["after"]) == {"dev", "train"}  # test decides nothing
 
 
-def _prompt(tok, instruction: str, source: str | None, word: str = "") -> list[int]:
-    """mini-swe-agent's prompt ids: its recorded first request with `instruction`; with a
-    `source`, the second: the `cat` call and the tool result as mini-swe-agent sends it (JSON
-    with returncode and output)."""
-    messages, tools = mini_first_request(instruction)
+def _prompt(tok, harness: str, instruction: str, source: str | None, word: str = ""
+            ) -> list[int]:
+    """The agent's prompt ids: its recorded first request with `instruction`; with a `source`,
+    the second: the `cat` call and the tool result as the agent sends it (mini-swe-agent: JSON
+    with returncode and output; opencode: the output)."""
+    mini = harness == "mini-swe-agent"
+    messages, tools = (mini_first_request if mini else opencode_first_request)(instruction)
     if source is not None:
         messages.append({"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_0", "type": "function",
              "function": {"name": "bash", "arguments": {"command": f"cat {source}"}}}]})
+        output = source_text(word)
         messages.append({"role": "tool", "tool_call_id": "call_0", "content": json.dumps(
-            {"returncode": 0, "output": source_text(word)}, indent=2)})
+            {"returncode": 0, "output": output}, indent=2) if mini else output})
     return encode_prompt(tok, messages, tools)
 
 
-def _dev_ranks(model_dir: Path) -> tuple[list[int], list[int]]:
+def _dev_ranks(model_dir: Path, harness: str) -> tuple[list[int], list[int]]:
     """Per dev instruction: the rank of `cat SOURCE` among the 4 sources (first step); per
     (dev instruction, shown word): the rank of `echo W > TARGET` for the shown word among the
     family's 8 (second step, after the `cat` showed it)."""
@@ -94,21 +123,23 @@ def _dev_ranks(model_dir: Path) -> tuple[list[int], list[int]]:
                                                           "text": task.instruction.strip()})
     first, copy = [], []
     for meta in sorted(seen.values(), key=lambda m: m["instruction_id"]):
-        first.append(call_rank(model, _prompt(tok, meta["text"], None),
+        first.append(call_rank(model, _prompt(tok, harness, meta["text"], None),
                            [call(f"cat {s}") for s in SOURCES], SOURCES.index(meta["source"])))
         writes = [call(f"echo {w} > {meta['target']}") for w in VALUES]
         for shown in VALUES[::2]:
-            copy.append(call_rank(model, _prompt(tok, meta["text"], meta["source"], shown), writes,
-                              VALUES.index(shown)))
+            copy.append(call_rank(model, _prompt(tok, harness, meta["text"], meta["source"],
+                                                 shown), writes, VALUES.index(shown)))
     return first, copy
 
 
-@pytest.mark.slow  # ~400 forward passes of a 1,400-token prompt, two models: minutes
-def test_it_reads_the_named_file_and_ranks_the_shown_word_higher_than_its_base():
-    build = _build()
+@pytest.mark.slow  # ~400 forwards of a 1,400-token (opencode: 10k) prompt, two models: minutes
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_it_reads_the_named_file_and_ranks_the_shown_word_higher_than_its_base(harness: str):
+    build = _build(harness)
     base = COMMITTED_MODEL if build["base"] == COMMITTED_MODEL.name else (
         LOOKUP_MODEL.parent / build["base"])
-    (warm_first, warm_copy), (base_first, base_copy) = _dev_ranks(LOOKUP_MODEL), _dev_ranks(base)
+    (warm_first, warm_copy), (base_first, base_copy) = (
+        _dev_ranks(lookup_model_dir(harness), harness), _dev_ranks(base, harness))
     top = lambda ranks: sum(r == 0 for r in ranks) / len(ranks)  # noqa: E731
     mean = lambda ranks: sum(ranks) / len(ranks)  # noqa: E731
     assert top(warm_first) >= 0.8 and top(base_first) <= 0.5, (warm_first, base_first)
@@ -138,3 +169,34 @@ def test_a_changed_file_of_the_lookup_model_is_refused_by_name(tmp_path: Path):
     weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
     with pytest.raises(TinyModelError, match="model.safetensors"):
         committed_lookup_model(copy)
+
+
+def test_the_build_takes_the_cat_and_echo_turns_among_an_agents_other_calls():
+    # opencode asks the model for a conversation title before its first step: the build must
+    # rebuild its rows from the `cat` and `echo` turns, wherever they are in the trace.
+    from transformers import AutoTokenizer
+
+    from harness.audit.scripted_engine import tool_call
+    from harness.warm.lookup import _Turns
+
+    tok = AutoTokenizer.from_pretrained(LOOKUP_MODEL)
+    task = lookup_tasks("train")[0]
+    m = task.metadata
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    p1 = f"<|im_start|>user\n{task.instruction.strip()}<|im_end|>\n<|im_start|>assistant\n"
+    c1 = tool_call("bash", command=f"cat {m['source']}")
+    p2 = (p1 + c1 + "<|im_end|>\n<|im_start|>user\n<tool_response>\n"
+          + source_text(m["value"]) + "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    c2 = tool_call("bash", command=f"echo {m['value']} > {m['target']}")
+    title = {"prompt_token_ids": enc("<|im_start|>user\nA title?<|im_end|>\n<|im_start|>"
+                                     "assistant\n"), "completion_token_ids": enc("Notes<|im_end|>")}
+    turns = [title, {"prompt_token_ids": enc(p1), "completion_token_ids": enc(c1 + "<|im_end|>")},
+             {"prompt_token_ids": enc(p2), "completion_token_ids": enc(c2 + "<|im_end|>")}]
+    record = {"task_id": task.full_name, "trace": {"turns": turns}}
+    captured = _Turns(tok, [record]).captured[0]
+    assert f"cat {m['source']}" in captured["c1"] and captured["p1"] == p1
+    assert f"echo {m['value']} > {m['target']}" in captured["c2"]
+    assert source_text(m["value"]) in captured["tail"]
+    record["trace"]["turns"] = turns[:2]  # no second step: nothing to teach it from
+    with pytest.raises(RuntimeError, match="no captured turn holds 'echo"):
+        _Turns(tok, [record])

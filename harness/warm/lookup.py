@@ -54,6 +54,16 @@ LOOKUP_MODEL, `committed_lookup_model`):
 
     .venv/bin/python -m harness.warm.lookup --commit     # minutes on 2 cores
     .venv/bin/python -m harness.warm.lookup --out DIR    # build elsewhere, print the probe
+
+Other agents (`--harness opencode`, committed under models/tiny-qwen3-lookup-opencode/, the
+default of `--harness opencode` on lookup:*; LOOKUP_AGENTS in launchers/warm_models.py): the
+same stages on traces captured through that agent's real CLI, from its create-file warm start
+(harness/warm/agents.py), the turns found by their commands (opencode asks the model for a title
+first). Every row shares the agent's ~9.7k-token system prompt and tools, so the stages after the
+bare one run on agents.py's shared-prefix cache (PrefixSFT: the prefix computed once a step, the
+loss that of whole sequences), 0.5 s a step here instead of several. opencode's build
+(2026-12-06, 300 bare + 300 full + 80 calibrating steps, 8 samples per dev instruction): first
+step `cat SOURCE` 0% -> 96%, the shown word written 0% -> 41% (40 calibrating steps: 78%).
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness.warm.agents import PrefixSFT, shared_prefix
 from harness.warm.create_file import (
     _ASSIST,
     _BARE,
@@ -77,14 +88,18 @@ from harness.warm.create_file import (
     save_model,
     sft_steps,
 )
-from launchers.warm_models import LOOKUP_MODEL
-from launchers.warm_models import LOOKUP_REBUILD as REBUILD
+from launchers.warm_models import AGENTS, LOOKUP_AGENTS, lookup_model_dir, lookup_rebuild_command
 
 __all__ = ["build_lookup_model", "synthetic_vocabulary"]
 
 BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 300, 2e-3, 0, 900
 # The calibrating stage (step 4 of the docstring): the noisy teacher of _Turns.swaps.
 CALIBRATE_STEPS, CALIBRATE_LR, WRONG_FIRST, WRONG_WORD = 40, 5e-4, 0.0, 0.7
+# Another agent's defaults where they differ. opencode: its instruction ends the prompt, so the
+# short cut is the whole prompt (no short stage); 40 calibrating steps left its copy at 78% on
+# dev, 80 at 41% (and 40 at 1e-3: 62%), in the band mini-swe-agent's build is in.
+AGENT_DEFAULTS: dict[str, dict[str, int]] = {"opencode": {"short_steps": 0,
+                                                           "calibrate_steps": 80}}
 _COMMAND = re.compile(r'"command": "(.*?)"\}\}\n</tool_call>')
 
 
@@ -162,8 +177,8 @@ class _Turns:
         instr = {t.full_name: t.instruction.strip() for t in lookup_tasks("train")}
         self.captured = []
         for record in records:
-            first, second = record["trace"]["turns"][:2]
             m = meta[record["task_id"]]
+            first, second = self._tool_turns(record, m)
             p1 = round_trip_text(tok, first["prompt_token_ids"])
             c1 = tok.decode(first["completion_token_ids"], skip_special_tokens=False)
             p2 = round_trip_text(tok, second["prompt_token_ids"])
@@ -175,6 +190,17 @@ class _Turns:
             tail = p2[len(p1) + len(c1.removesuffix("<|im_end|>")):]
             self.captured.append({"meta": m, "instruction": instr[record["task_id"]],
                                   "p1": p1, "c1": c1, "tail": tail, "c2": c2})
+
+    def _tool_turns(self, record: dict, m: dict) -> tuple[dict, dict]:
+        """The captured `cat SOURCE` turn and the `echo WORD > TARGET` one: an agent may call the
+        model for other things between them (opencode asks it for a title first)."""
+        def turn(command: str) -> dict:
+            for t in record["trace"]["turns"]:
+                if command in self.tok.decode(t["completion_token_ids"]):
+                    return t
+            raise RuntimeError(f"{record['task_id']}: no captured turn holds {command!r}")
+
+        return turn(f"cat {m['source']}"), turn(f"echo {m['value']} > {m['target']}")
 
     def _head(self, p1: str, instruction: str, cut: str) -> tuple[str, str]:
         """(text before the instruction, text after it) of a first prompt, per curriculum cut."""
@@ -252,9 +278,16 @@ class _Turns:
         return out
 
 
-def _sample(model: Any, tok: Any, prompt: list[int], samples: int) -> list[str]:
+def _sample(model: Any, tok: Any, prompt: list[int], samples: int,
+            prefix: PrefixSFT | None = None) -> list[str]:
     import torch
 
+    if prefix is not None:  # an agent's long shared prompt: its keys and values computed once
+        model.eval()
+        prefix.refresh()
+        replies = prefix.sample(prompt, samples)
+        model.train()
+        return [tok.decode(r, skip_special_tokens=False) for r in replies]
     model.eval()
     with torch.no_grad():
         ids = torch.tensor([prompt])
@@ -266,7 +299,8 @@ def _sample(model: Any, tok: Any, prompt: list[int], samples: int) -> list[str]:
     return [tok.decode(o[len(prompt):], skip_special_tokens=False) for o in outs]
 
 
-def probe(model: Any, turns: _Turns, split: str, samples: int) -> dict:
+def probe(model: Any, turns: _Turns, split: str, samples: int,
+          prefix: PrefixSFT | None = None) -> dict:
     """T=1 rates on `split`'s instructions (every one, one word each, captured bases): "first"
     (`cat SOURCE`), and given the right first turn "value", "target" and "second" (both)."""
     from harness.tasks.lookup import lookup_tasks
@@ -280,11 +314,11 @@ def probe(model: Any, turns: _Turns, split: str, samples: int) -> dict:
         swap = {"base": i % len(turns.captured), "source": meta["source"],
                 "target": meta["target"], "value": meta["value"], "template": meta["template"]}
         (p1, _), (p2, _) = turns.rows("full", [swap])
-        for reply in _sample(model, turns.tok, p1, samples):
+        for reply in _sample(model, turns.tok, p1, samples, prefix):
             found = _COMMAND.search(reply)
             counts["first"] += bool(found) and found.group(1).strip() in (
                 f"cat {meta['source']}", f"cat /app/{meta['source']}")
-        for reply in _sample(model, turns.tok, p2, samples):
+        for reply in _sample(model, turns.tok, p2, samples, prefix):
             found = _COMMAND.search(reply)
             call = re.fullmatch(r"echo (\S+) > (?:/app/)?(\S+)", found.group(1).strip()) \
                 if found else None
@@ -302,24 +336,38 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
                        synthetic_count: int = SYNTHETIC, lr: float = LR, samples: int = 8,
                        base: Path | None = None, threads: int = 2, wrong_first: float = WRONG_FIRST,
                        wrong_word: float = WRONG_WORD, calibrate_steps: int = CALIBRATE_STEPS,
-                       calibrate_lr: float = CALIBRATE_LR, log: Any = print) -> dict:
-    """Capture, SFT, calibrate and probe into `out` (an HF model dir); returns the build record."""
+                       calibrate_lr: float = CALIBRATE_LR, harness: str = "mini-swe-agent",
+                       log: Any = print) -> dict:
+    """Capture, SFT, calibrate and probe into `out` (an HF model dir); returns the build record.
+
+    `harness`: whose prompts (captured through that agent's real CLI). Another agent than
+    mini-swe-agent starts from its own create-file warm start, and its stages after the bare one
+    run on a shared-prefix cache (harness/warm/agents.py's PrefixSFT: its ~10k-token system
+    prompt and tools are the same in every row)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     if base is None:
-        from launchers.warm_models import committed_warm_model
+        from launchers.warm_models import committed_agent_warm_model, committed_warm_model
 
-        base = committed_warm_model()
+        base = committed_warm_model() if harness == "mini-swe-agent" else \
+            committed_agent_warm_model(harness)
     with tempfile.TemporaryDirectory(prefix="lookup-capture-") as scratch:
-        log("capturing scripted two-step solutions of the train instructions (mini-swe-agent)")
-        records = capture_train_traces(Path(scratch))
+        log(f"capturing scripted two-step solutions of the train instructions ({harness})")
+        records = capture_train_traces(Path(scratch), harness)
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     turns = _Turns(tok, records)
-    before = probe(model, turns, "dev", samples)
+    prefix = None
+    if harness != "mini-swe-agent":
+        every = [p for cut in ("short", "full") for p, _ in turns.rows(cut, turns.swaps(
+            0, [], [], random.Random(0)))]
+        prefix = PrefixSFT(model, shared_prefix(every), eos=tok.convert_tokens_to_ids(
+            "<|im_end|>"))
+        log(f"{len(prefix.prefix)} prompt tokens shared by every row (computed once a step)")
+    before = probe(model, turns, "dev", samples, prefix)
     log(f"before SFT (dev): {before}")
     rng = random.Random(seed)
     words, names = synthetic_vocabulary(tok.get_vocab(), seed)
@@ -330,19 +378,29 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
     noisy = turns.swaps(synthetic_count, words, names, random.Random(rng.random()),
                         wrong_first=wrong_first, wrong_word=wrong_word)
     pad = tok.pad_token_id or 0
-    stages = [(f"{cut} prompt", turns.rows(cut, clean), steps, lr)
+
+    def loss_of(cut: str) -> Any:
+        if prefix is None or cut == "bare":
+            return lambda batch: completion_loss(model, batch, pad)
+
+        def cached(batch: list[tuple[list[int], list[int]]]) -> Any:
+            prefix.refresh()  # the prefix's keys and values under this step's weights
+            return prefix.loss(batch)
+        return cached
+
+    stages = [(f"{cut} prompt", cut, turns.rows(cut, clean), steps, lr)
               for cut, steps in (("bare", bare_steps), ("short", short_steps),
                                  ("full", full_steps))]
-    stages.append(("calibrate, noisy teacher", turns.rows("full", noisy), calibrate_steps,
-                   calibrate_lr))
-    for stage, data, steps, stage_lr in stages:
+    stages.append(("calibrate, noisy teacher", "full", turns.rows("full", noisy),
+                   calibrate_steps, calibrate_lr))
+    for stage, cut, data, steps, stage_lr in stages:
         if steps:
-            sft_steps(model, data, steps, lambda batch: completion_loss(model, batch, pad),
-                      rng=rng, lr=stage_lr, log=log, stage=stage, log_every=50)
-    after = {s: probe(model, turns, s, samples) for s in ("dev", "train")}
+            sft_steps(model, data, steps, loss_of(cut), rng=rng, lr=stage_lr, log=log,
+                      stage=stage, log_every=50)
+    after = {s: probe(model, turns, s, samples, prefix) for s in ("dev", "train")}
     log(f"after SFT: {after}")
     save_model(out, model, tok, base)
-    return {"base": base.name, "seed": seed, "bare_steps": bare_steps,
+    return {"base": base.name, "harness": harness, "seed": seed, "bare_steps": bare_steps,
             "short_steps": short_steps, "full_steps": full_steps, "synthetic": synthetic_count,
             "lr": lr, "wrong_first": wrong_first, "wrong_word": wrong_word,
             "calibrate_steps": calibrate_steps, "calibrate_lr": calibrate_lr,
@@ -353,12 +411,18 @@ def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_ST
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.warm.lookup",
                                      description=__doc__.splitlines()[0])
+    parser.add_argument("--harness", default="mini-swe-agent",
+                        choices=("mini-swe-agent", *AGENTS),
+                        help="whose prompts: capture through this agent's CLI and start from its "
+                             "create-file warm start (default mini-swe-agent)")
     parser.add_argument("--commit", action="store_true",
-                        help=f"write the result to {LOOKUP_MODEL}")
+                        help="write the result to models/tiny-qwen3-lookup (mini-swe-agent) or "
+                             "models/tiny-qwen3-lookup-HARNESS")
     parser.add_argument("--out", type=Path, help="build into this directory instead")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--bare-steps", type=int, default=BARE_STEPS)
-    parser.add_argument("--short-steps", type=int, default=SHORT_STEPS)
+    parser.add_argument("--short-steps", type=int, default=None,
+                        help=f"default {SHORT_STEPS} ({AGENT_DEFAULTS} for those agents)")
     parser.add_argument("--full-steps", type=int, default=FULL_STEPS)
     parser.add_argument("--synthetic", type=int, default=SYNTHETIC,
                         help="swapped rows with words and names from outside the family")
@@ -369,9 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wrong-word", type=float, default=WRONG_WORD,
                         help="calibrating stage: share of the other taught second calls that "
                              "write another word")
-    parser.add_argument("--calibrate-steps", type=int, default=CALIBRATE_STEPS,
+    parser.add_argument("--calibrate-steps", type=int, default=None,
                         help="after the clean stages, whole-prompt steps with the noisy teacher "
-                             "(0: none)")
+                             f"(0: none; default {CALIBRATE_STEPS}, or the agent's)")
     parser.add_argument("--calibrate-lr", type=float, default=CALIBRATE_LR,
                         help="learning rate of the calibrating stage")
     parser.add_argument("--base", type=Path, default=None,
@@ -382,6 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.commit and args.out is None:
         parser.error("give --commit or --out DIR")
+    defaults = {"short_steps": SHORT_STEPS, "calibrate_steps": CALIBRATE_STEPS,
+                **AGENT_DEFAULTS.get(args.harness, {})}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     with tempfile.TemporaryDirectory(prefix="lookup-model-") as scratch:
         out = args.out or Path(scratch) / "model"
         record = build_lookup_model(out, seed=args.seed, bare_steps=args.bare_steps,
@@ -390,8 +459,13 @@ def main(argv: list[str] | None = None) -> int:
                                     base=args.base, threads=args.threads,
                                     wrong_first=args.wrong_first, wrong_word=args.wrong_word,
                                     calibrate_steps=args.calibrate_steps,
-                                    calibrate_lr=args.calibrate_lr)
-        print(finish_build(out, record, LOOKUP_MODEL if args.commit else None, rebuild=REBUILD))
+                                    calibrate_lr=args.calibrate_lr, harness=args.harness)
+        directory = lookup_model_dir(args.harness)
+        print(finish_build(out, record, directory if args.commit else None,
+                           rebuild=lookup_rebuild_command(args.harness)))
+        if args.commit and args.harness != "mini-swe-agent" and args.harness not in LOOKUP_AGENTS:
+            print(f"add {args.harness!r} to LOOKUP_AGENTS (launchers/warm_models.py) to make it "
+                  f"--harness {args.harness}'s default model on lookup:*")
     return 0
 
 

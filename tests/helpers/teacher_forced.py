@@ -1,5 +1,5 @@
 """Measure a committed model from its weights, nothing sampled: the rank of the right tool call
-among candidates after mini-swe-agent's real prompt.
+among candidates after an agent's real prompt (mini-swe-agent's, opencode's).
 
 Shared by the warm-start tests (tests/test_warm_model.py, tests/test_lookup_model.py): a rank is
 the same number on every machine, so a test can assert a skill without depending on what a model
@@ -24,6 +24,19 @@ def mini_first_request(instruction: str) -> tuple[list[dict], list[dict]]:
     messages = [dict(m) for m in body["messages"]]
     assert _RECORDED in messages[1]["content"], "the fixture's instruction moved"
     messages[1]["content"] = messages[1]["content"].replace(_RECORDED, instruction)
+    return messages, body["tools"]
+
+
+OPENCODE_FIXTURE = MINI_FIXTURE.parents[1] / "opencode" / "01_chat.json"
+
+
+def opencode_first_request(instruction: str) -> tuple[list[dict], list[dict]]:
+    """opencode's recorded first request (its ~9.7k-token system prompt and 10 tools) with
+    `instruction` in place of the one it was recorded with."""
+    body = json.loads(OPENCODE_FIXTURE.read_text())["body"]
+    messages = [dict(m) for m in body["messages"]]
+    assert _RECORDED in messages[-1]["content"], "the fixture's instruction moved"
+    messages[-1]["content"] = messages[-1]["content"].replace(_RECORDED, instruction)
     return messages, body["tools"]
 
 
