@@ -200,3 +200,21 @@ def test_the_build_takes_the_cat_and_echo_turns_among_an_agents_other_calls():
     record["trace"]["turns"] = turns[:2]  # no second step: nothing to teach it from
     with pytest.raises(RuntimeError, match="no captured turn holds 'echo"):
         _Turns(tok, [record])
+
+
+def test_a_calls_score_against_the_cached_prompt_is_its_whole_sequence_score():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.helpers.teacher_forced import call_scores
+
+    tok = AutoTokenizer.from_pretrained(LOOKUP_MODEL)
+    model = AutoModelForCausalLM.from_pretrained(LOOKUP_MODEL, dtype=torch.float32).eval()
+    prompt = tok.encode("<|im_start|>user\nRead data.txt<|im_end|>\n<|im_start|>assistant\n",
+                        add_special_tokens=False)
+    calls = [tok.encode(t, add_special_tokens=False) for t in ("cat data.txt", "ls", "echo a")]
+    with torch.no_grad():
+        dense = []
+        for c in calls:
+            logp = torch.log_softmax(model(torch.tensor([prompt + c])).logits[0].float(), -1)
+            dense.append(logp[len(prompt) - 1:-1].gather(1, torch.tensor(c)[:, None]).sum().item())
+    assert call_scores(model, prompt, calls) == pytest.approx(dense, abs=1e-4)

@@ -8,6 +8,7 @@ happens to sample, and compare it with the base model's to show the check can fa
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -47,16 +48,27 @@ def encode_prompt(tok, messages: list[dict], tools: list[dict]) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def call_rank(model, prompt: list[int], calls: list[list[int]], right: int) -> int:
-    """The rank (0 = first) of `calls[right]` among `calls` by the model's log-probability of the
-    whole call after `prompt`."""
-    width = len(prompt) + max(map(len, calls))
-    ids = torch.zeros(len(calls), width, dtype=torch.long)
-    for i, c in enumerate(calls):  # right-padded: a causal model never sees the padding
-        ids[i, :len(prompt) + len(c)] = torch.tensor(prompt + c)
+def call_scores(model, prompt: list[int], calls: list[list[int]]) -> list[float]:
+    """The model's log-probability of each whole call after `prompt`. The prompt is run once
+    and each call against its keys and values (opencode's prompt is ~10k tokens): the same sums
+    as whole-sequence forwards (tests/test_lookup_model.py checks it)."""
     with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits.float(), -1)
-    scores = [logp[i, len(prompt) - 1:len(prompt) + len(c) - 1]
-              .gather(1, torch.tensor(c)[:, None]).sum().item() for i, c in enumerate(calls)]
+        head = model(input_ids=torch.tensor([prompt]), use_cache=True)
+        first = torch.log_softmax(head.logits[0, -1].float(), -1)
+        scores = []
+        for c in calls:
+            logp = first[None]
+            if len(c) > 1:
+                cache = copy.deepcopy(head.cache)  # a forward appends its tokens to the cache
+                logits = model(input_ids=torch.tensor([c[:-1]]), cache=cache,
+                               use_cache=True).logits[0]
+                logp = torch.cat([logp, torch.log_softmax(logits.float(), -1)])
+            scores.append(logp.gather(1, torch.tensor(c)[:, None]).sum().item())
+    return scores
+
+
+def call_rank(model, prompt: list[int], calls: list[list[int]], right: int) -> int:
+    """The rank (0 = first) of `calls[right]` among `calls` by `call_scores`."""
+    scores = call_scores(model, prompt, calls)
     order = sorted(range(len(calls)), key=lambda i: -scores[i])
     return order.index(right)
