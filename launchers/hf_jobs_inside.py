@@ -107,14 +107,19 @@ def run_setting(train_args: list[str], flag: str) -> str | None:
 
 def default_model(harness: str | None, root: str | Path = REPO, tasks: str | None = None) -> str:
     """The directory `harness.train` loads when no --model is given (launchers.models.resolve_model
-    with None): mini-swe-agent on the lookup family (the default --tasks) gets the lookup warm
-    start, else the agent's own committed warm start where there is one, else mini-swe-agent's.
+    with None): on the lookup family (the default --tasks) mini-swe-agent gets the lookup warm
+    start and an agent its own lookup one where it is committed (opencode); else the agent's own
+    committed create-file warm start where there is one, else mini-swe-agent's.
     Read from the committed folders here, without importing launchers.models (it needs the project
     venv; a submit runs under `uv run` with huggingface_hub alone). tests/test_same_weights.py
     checks it against resolve_model for every --harness."""
     harness = harness or DEFAULT_HARNESS
-    if harness == DEFAULT_HARNESS and (tasks or DEFAULT_TASKS).startswith("lookup:"):
-        return str(Path(root) / "models" / LOOKUP_MODEL_NAME)
+    if (tasks or DEFAULT_TASKS).startswith("lookup:"):
+        if harness == DEFAULT_HARNESS:
+            return str(Path(root) / "models" / LOOKUP_MODEL_NAME)
+        own_lookup = f"{LOOKUP_MODEL_NAME}-{harness}"  # launchers.warm_models.LOOKUP_AGENTS'
+        if (REPO / "models" / own_lookup / "BUILD.json").is_file():
+            return str(Path(root) / "models" / own_lookup)
     own = f"{WARM_MODEL_NAME}-{harness}"
     name = own if (REPO / "models" / own / "BUILD.json").is_file() else WARM_MODEL_NAME
     return str(Path(root) / "models" / name)

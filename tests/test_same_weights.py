@@ -117,6 +117,8 @@ def test_harness_train_loads_one_model_on_every_rank(harness, tmp_path) -> None:
     assert rank0 == follower
     assert str(rank0) == _expected(harness, REPO_ROOT)
     own = REPO_ROOT / "models" / f"tiny-qwen3-create-file-{harness}"
+    own_lookup = REPO_ROOT / "models" / f"tiny-qwen3-lookup-{harness}"
     expected = ("tiny-qwen3-lookup" if harness in (None, "mini-swe-agent")
+                else own_lookup.name if own_lookup.is_dir()
                 else own.name if own.is_dir() else "tiny-qwen3-create-file")
     assert rank0.name == expected

@@ -221,13 +221,14 @@ def test_the_defaults_resolve_the_learning_rate_and_the_held_out_split_from_the_
 
 
 @pytest.mark.parametrize(("harness", "model"), [
-    ("mini-swe-agent", "tiny-qwen3-lookup"), ("opencode", "tiny-qwen3-create-file-opencode"),
+    ("mini-swe-agent", "tiny-qwen3-lookup"), ("opencode", "tiny-qwen3-lookup-opencode"),
     ("codex", "tiny-qwen3-create-file-codex"),
     ("claude-code", "tiny-qwen3-create-file-claude-code"),
 ])
 def test_each_agent_runs_the_warm_start_made_for_its_prompts(tmp_path: Path, harness: str,
                                                               model: str) -> None:
-    """No --model: the engine and the trainer load the committed warm start of --harness (one
+    """No --model: the engine and the trainer load the committed warm start of --harness for the
+    default lookup:* tasks (its own lookup build where there is one, else its create-file one; one
     taught on another agent's prompts answers Codex's with no tool call: 0 of 96)."""
     from harness.run.stack import RunStack
 
