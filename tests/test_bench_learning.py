@@ -80,10 +80,10 @@ def _control(*changes: float) -> dict:
     return control_summary([{i: c for i in INSTRUCTIONS} for c in changes])
 
 
-GOOD = dict(controls={"shuffle": _control(9.0, -4.0, 1.0, -2.0), "lr0": _control(-2.0),
+GOOD = dict(controls={"shuffle": _control(9.0, -4.0, 1.0, -2.0, 3.0, -6.0, 0.0, 7.0), "lr0": _control(-2.0),
                       "flip": _control(-12.0)},
             swap={"follows": 0.9, "answered": 50}, blind_pass=0.1)
-SHUFFLE = "shuffle's mean over >= 4 seeds within +-5"
+SHUFFLE = "shuffle's mean over >= 8 seeds within +-5"
 
 
 def test_the_bar_is_met_only_when_every_check_holds():
@@ -92,7 +92,7 @@ def test_the_bar_is_met_only_when_every_check_holds():
         "seeds >= 4": dict(seeds=_seeds(30.0)[:3]),
         "mean rise >= 20": dict(seeds=_seeds(15.0)),
         "interval lower end >= 10": dict(seeds=_seeds(22.0, spread=40.0)),
-        SHUFFLE: dict(controls={**GOOD["controls"], "shuffle": _control(-10.4, -3, -8, -1)}),
+        SHUFFLE: dict(controls={**GOOD["controls"], "shuffle": _control(-10.4, -3, -8, -1, -12, 2, -9, -4)}),
         "lr0 within +-5": dict(controls={**GOOD["controls"], "lr0": _control(6.0)}),
         "flip falls": dict(controls={**GOOD["controls"], "flip": _control(0.0)}),
         "swap follows >= 70%": dict(swap={"follows": 0.5}),
@@ -105,12 +105,14 @@ def test_the_bar_is_met_only_when_every_check_holds():
         assert [k for k, ok in v["checks"].items() if not ok] == [check]
 
 
-def test_the_shuffled_control_is_judged_on_its_mean_over_four_seeds_never_on_one_draw():
+def test_the_shuffled_control_is_judged_on_its_mean_over_eight_seeds_never_on_one_draw():
     shuffle = GOOD["controls"]["shuffle"]
-    assert shuffle["per_seed"] == [9.0, -4.0, 1.0, -2.0] and shuffle["mean"] == 1.0
+    assert shuffle["per_seed"] == [9.0, -4.0, 1.0, -2.0, 3.0, -6.0, 0.0, 7.0]
+    assert shuffle["mean"] == 1.0
     lo, hi = shuffle["interval"]
-    assert lo < -2.0 and hi > 5.0  # the spread of 4 seeds is in the interval, not hidden
-    for too_few in (_control(0.0), _control(1.0, -1.0, 0.5)):  # a lucky draw does not pass
+    assert lo < -1.0 and hi > 3.0  # the spread of the seeds is in the interval, not hidden
+    # A lucky draw, or four seeds (the old minimum), does not pass.
+    for too_few in (_control(0.0), _control(1.0, -1.0, 0.5), _control(1.0, -1.0, 0.5, 0.0)):
         v = verdict(_seeds(30.0), **{**GOOD, "controls": {**GOOD["controls"],
                                                           "shuffle": too_few}})
         assert [k for k, ok in v["checks"].items() if not ok] == [SHUFFLE]
@@ -126,8 +128,8 @@ def test_report_reads_a_bench_folder_and_the_table_says_what_failed(tmp_path: Pa
         (out / f"seed-{s}").mkdir(parents=True)
         (out / f"seed-{s}" / "before_after.json").write_text(json.dumps(_before_after(
             {i: (1, 1 + rise) for i in INSTRUCTIONS})))
-    for name, after in (("shuffle-0", 2), ("shuffle-1", 0), ("shuffle-2", 1), ("shuffle-3", 1),
-                        ("lr0-0", 1), ("flip-0", 0), ("lr0-1", 8), ("flip-1", 8)):
+    for name, after in (("shuffle-0", 2), ("shuffle-1", 0),
+                        *((f"shuffle-{s}", 1) for s in range(2, 8)), ("lr0-0", 1), ("flip-0", 0), ("lr0-1", 8), ("flip-1", 8)):
         (out / name).mkdir()  # lr0-1 and flip-1 are not control runs: the report skips them
         data = _before_after({i: (1, after) for i in INSTRUCTIONS})
         data["change_points"] = 100.0 * (after - 1) / 8  # the run's own whole-split change
@@ -137,18 +139,18 @@ def test_report_reads_a_bench_folder_and_the_table_says_what_failed(tmp_path: Pa
         rollouts.mkdir(parents=True)
         (rollouts / "0.json").write_text(json.dumps(_record(
             "lookup-key-answer-t0-table-blind", 0.0, "cat key.txt", "echo x > answer.txt")))
-    result = run.report(out, [0, 1, 2, 3], ["shuffle", "lr0", "flip"], [0, 1, 2, 3])
+    result = run.report(out, [0, 1, 2, 3], ["shuffle", "lr0", "flip"], list(range(8)))
     v = result["verdict"]
     assert v["mean_rise"] == pytest.approx(37.5)
     assert {c: s["per_seed"] for c, s in result["controls"].items()} == {
-        "shuffle": [12.5, -12.5, 0.0, 0.0], "lr0": [0.0], "flip": [-12.5]}
+        "shuffle": [12.5, -12.5, *[0.0] * 6], "lr0": [0.0], "flip": [-12.5]}
     assert result["controls"]["shuffle"]["mean"] == 0.0
     assert result["blind_pass_rate"] == 0.0 and result["swap"] is None
     assert [k for k, ok in v["checks"].items() if not ok] == ["swap follows >= 70%"]
     text = "\n".join(run.table_lines(result))
     assert "seeds' mean rise +37.5 points over 4" in text and "swap follows >= 70%: NO" in text
-    assert "shuffle control: mean change +0.0 points over 4 seed(s) (+12.5, -12.5, +0.0, +0.0)" \
-        in text
+    assert "shuffle control: mean change +0.0 points over 8 seed(s) (+12.5, -12.5, +0.0, +0.0, " \
+        "+0.0, +0.0, +0.0, +0.0)" in text
     assert "does not meet issue 32's bar" in text
     # Each seed's change (30.0) minus its own shuffled run's (+12.5, -12.5, 0, 0).
     assert result["over_shuffle"] == {"per_seed": {0: 17.5, 1: 42.5, 2: 30.0, 3: 30.0},
@@ -156,7 +158,7 @@ def test_report_reads_a_bench_folder_and_the_table_says_what_failed(tmp_path: Pa
     assert "rise over the same seed's shuffled control: mean +30.0 points (seed 0 +17.5, " \
         "seed 1 +42.5" in text
     assert json.loads((out / "summary.json").read_text())["controls"]["flip"]["mean"] == -12.5
-    # One shuffled seed alone (the other three not run) fails the shuffle check by name.
+    # One shuffled seed alone (the other seven not run) fails the shuffle check by name.
     one = run.report(out, [0, 1, 2, 3], ["shuffle", "lr0", "flip"], [0])
     assert not one["verdict"]["checks"][SHUFFLE]
 

@@ -107,3 +107,75 @@ def test_the_kl_anchor_reaches_the_trainer_from_the_command_line():
     assert any(p.startswith("beta=-0.1") for p in negative.validate())
     eval_flags = build_parser("e", "d", eval_mode=True).format_help()
     assert "--beta" not in eval_flags and "--learning-rate" not in eval_flags
+
+
+def test_sgd_steps_are_linear_in_the_gradient_where_adamw_steps_are_not(tmp_path):
+    """--optimizer sgd: doubling every advantage doubles the update (so updates on rewards that
+    carry no information cancel as their gradients do); AdamW's first update is about
+    lr x sign(gradient), the same for both. The real trainer's step, clipping off."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from trainer.fakes import ReplaySource, make_trace, make_turn
+    from trainer.grpo import HarnessAsyncGRPOTrainer
+    from trainer.loop import StepInput, run_step
+    from trainer.rows import trace_to_rows
+
+    def update(optimizer: str, lr: float, scale: float) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(Qwen3Config(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+            max_position_embeddings=64, tie_word_embeddings=True)).float()
+        args = AsyncGRPOConfig(num_generations=2, max_steps=1, learning_rate=lr,
+                               optimizer=optimizer, max_grad_norm=None,
+                               output_dir=str(tmp_path / f"{optimizer}-{scale}"),
+                               report_to="none")
+        assert not args.validate()
+        source = ReplaySource(lambda s, k: None, lambda s, k: None)
+        trainer = HarnessAsyncGRPOTrainer(model, lambda sampling: source, args)
+        assert type(trainer.optimizer).__name__ == {"sgd": "SGD", "adamw": "AdamW"}[optimizer]
+        rows = [trace_to_rows(make_trace(make_turn([5, 6, 7], c, node_id=n)))[0][0]
+                for c, n in (([40, 41], "g"), ([90, 91], "b"))]
+        before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+        run_step(trainer, StepInput(rows=rows, advantages=[scale, -scale]))
+        return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+
+    sgd_1, sgd_2 = update("sgd", 1.0, 1.0), update("sgd", 1.0, 2.0)
+    assert sgd_1.abs().max() > 1e-3
+    # atol: two fp32 roundings of a weight near 1 (the norms' scales), 1.2e-7 each
+    torch.testing.assert_close(sgd_2, 2 * sgd_1, rtol=1e-4, atol=2.5e-7)
+    adam_1, adam_2 = update("adamw", 1e-3, 1.0), update("adamw", 1e-3, 2.0)
+    # Each weight moves by ~lr x sign(g) either way (less only where |g| is near Adam's eps).
+    assert adam_2.abs().max() <= 1e-3 * 1.0001
+    assert (adam_2 - adam_1).norm() < 0.05 * adam_1.norm()
+
+
+def test_the_optimizer_reaches_the_trainer_and_a_wrong_one_is_refused_by_name():
+    assert settings_from_args(build_parser("t", "d"), []).trainer_config().optimizer == "adamw"
+    sgd = settings_from_args(build_parser("t", "d"), ["--optimizer", "sgd"]).trainer_config()
+    assert sgd.optimizer == "sgd" and not sgd.validate()
+    bad = settings_from_args(build_parser("t", "d"), ["--optimizer", "lion"]).trainer_config()
+    assert any(p.startswith("optimizer='lion'") for p in bad.validate())
+    assert "--optimizer" not in build_parser("e", "d", eval_mode=True).format_help()
+
+
+def test_sgd_gets_its_own_default_rate_on_the_tiny_models_and_asks_for_one_otherwise(tmp_path):
+    from harness.run.preflight import preflight
+    from harness.shared.run_config import (
+        MODEL_LEARNING_RATE,
+        TINY_LEARNING_RATE,
+        TINY_SGD_LEARNING_RATE,
+        RunSettings,
+    )
+
+    assert RunSettings().learning_rate == TINY_LEARNING_RATE
+    assert RunSettings(optimizer="sgd").learning_rate == TINY_SGD_LEARNING_RATE
+    own = str(tmp_path / "my-model")
+    assert RunSettings(model=own).learning_rate == MODEL_LEARNING_RATE
+    assert RunSettings(model=own, optimizer="sgd", learning_rate=0.1).learning_rate == 0.1
+    unset = RunSettings(model=own, optimizer="sgd")
+    assert unset.learning_rate is None  # AdamW's 1e-6 would silently not move it under SGD
+    problems = preflight(unset, train=True)
+    assert any(p.startswith(f"--optimizer sgd with --model {own}: give --learning-rate")
+               for p in problems), problems

@@ -23,7 +23,7 @@ from trainer.grpo import HarnessAsyncGRPOTrainer
 def train(name, **cfg):
     args = AsyncGRPOConfig(**{"num_generations": 4, "groups_per_step": 2, "learning_rate": 1e-2,
                               "max_tokens_per_microbatch": 64, "output_dir": OUT + "/" + name,
-                              "report_to": "none", **cfg})
+                              "report_to": "none", "optimizer": OPTIMIZER, **cfg})
     trainer = HarnessAsyncGRPOTrainer(seeded_tiny_model(), lambda sampling: replay_source(), args)
     return trainer, trainer.train()
 
@@ -40,9 +40,10 @@ print("rank", dist.get_rank() if dist.is_initialized() else "-", "done")
 
 
 @pytest.mark.slow
-def test_sharded_save_and_resume_on_two_ranks_take_the_same_next_step(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])  # sgd: a checkpoint with no optimizer state
+def test_sharded_save_and_resume_on_two_ranks_take_the_same_next_step(tmp_path, optimizer):
     out = tmp_path / "ckpt"
-    rc, text = run_ranks(SCRIPT, out, nproc=2, timeout=600)
+    rc, text = run_ranks(f"OPTIMIZER = {optimizer!r}\n" + SCRIPT, out, nproc=2, timeout=600)
     assert rc == 0, text[-4000:]
     runs = json.loads((out / "histories.json").read_text())
     assert runs["first"][0]["packing/microbatches"] >= 2  # the step really was split over ranks

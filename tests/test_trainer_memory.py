@@ -269,3 +269,23 @@ def test_the_reference_model_adds_its_bf16_shard_and_gathered_layers_to_the_tota
     row = next(line for line in with_ref.splitlines() if line.startswith("| Qwen3-32B"))
     assert f"{ref['total'] / 2**30:.1f}" in row and "with the reference" in with_ref
     assert "with the reference" not in without
+
+
+def test_sgd_keeps_no_optimizer_state_and_the_calculator_counts_none(capsys):
+    import torch
+
+    s = QWEN3["Qwen3-8B"]
+    adamw = estimate(s, world=8, tokens=32768, checkpointing=True)
+    sgd = estimate(s, world=8, tokens=32768, checkpointing=True, optimizer="sgd")
+    assert adamw["optimizer"] == 8 * s.params() / 8 and sgd["optimizer"] == 0
+    assert sgd["total"] == pytest.approx(adamw["total"] - adamw["optimizer"])
+    # What trainer/grpo.py builds for optimizer="sgd": no per-parameter state after a step.
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([w], lr=0.1, weight_decay=0.0)
+    w.sum().backward()
+    opt.step()
+    assert not any(opt.state[w])
+    assert main(["--table", "--optimizer", "sgd"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("| Qwen3-8B"))
+    assert f"{sgd['total'] / 2**30:.1f} /" in row

@@ -37,11 +37,15 @@ from trainer.weight_sync import VLLMWeightSync
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
+# Room for a generation long enough that a push begun at its first token cannot start after its
+# last, even on a loaded 2-core host (1,500 tokens could: "assert 1500 < 1500" under load).
+ENGINE_MAX_LEN = 8192
+
 @pytest.fixture(scope="module")
 def gloo_engine(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
     log = tmp_path_factory.mktemp("weight-sync-engine") / "vllm.log"
     with Engine(
-        tiny_model_path, weight_transfer_backend="harness_gloo", max_model_len=4096, log_path=log
+        tiny_model_path, weight_transfer_backend="harness_gloo", max_model_len=ENGINE_MAX_LEN, log_path=log
     ) as engine:
         yield engine
 
@@ -112,7 +116,7 @@ def test_a_request_in_flight_during_a_push_is_kept_and_finishes(gloo_engine: Eng
     body = {
         "model": "tiny",
         "prompt": PROMPT_IDS,
-        "max_tokens": 1500,
+        "max_tokens": ENGINE_MAX_LEN - len(PROMPT_IDS),
         "ignore_eos": True,
         "stream": True,
     }
@@ -130,7 +134,7 @@ def test_a_request_in_flight_during_a_push_is_kept_and_finishes(gloo_engine: Eng
     with VLLMWeightSync(gloo_engine.url, "harness_gloo") as sync:
         # The first push also sets up the transfer group (seconds on a CPU); done before the
         # generation starts, so the push under test is only pause, send, resume and cannot
-        # outlast a 1500-token generation on a fast machine.
+        # outlast the generation.
         sync.push(model, 3)
         reader.start()
         assert first_tokens.wait(120), "the generation never started"

@@ -20,11 +20,12 @@ from typing import Any, Literal
 from trainer.errors import ConfigError
 from trainer.reward_shuffle import SHUFFLE_MODES
 
-__all__ = ["AsyncGRPOConfig", "LORA_TARGET_MODULES", "LOSS_TYPES", "LOSS_NORMS", "REPORT_TO",
-           "STALENESS_RULES"]
+__all__ = ["AsyncGRPOConfig", "LORA_TARGET_MODULES", "LOSS_TYPES", "LOSS_NORMS", "OPTIMIZERS",
+           "REPORT_TO", "STALENESS_RULES"]
 
 LOSS_TYPES = ("tis_clip", "tis_pg")
 LOSS_NORMS = ("token", "sequence")
+OPTIMIZERS = ("adamw", "sgd")
 STALENESS_RULES = ("correct", "drop")
 # Every linear projection of a Qwen/Llama-family decoder layer (attention and MLP): LoRA on all of
 # them is the QLoRA paper's finding (attention-only adapters trail full fine-tuning).
@@ -50,6 +51,10 @@ class AsyncGRPOConfig:
     shuffle_dataset: bool = True
     # --- optimisation -------------------------------------------------------------------------
     learning_rate: float = 1e-6
+    # adamw: the usual. sgd: plain SGD, whose step is linear in the gradient, so updates on
+    # rewards that carry no information cancel as their gradients do (Adam's step is about
+    # lr x sign(g) early on, whatever the gradient's size: trainer/reward_shuffle.py).
+    optimizer: Literal["adamw", "sgd"] = "adamw"
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0  # linear warmup, then constant
@@ -206,6 +211,8 @@ class AsyncGRPOConfig:
         if self.shuffle_rewards and self.flip_rewards:
             p.append("shuffle_rewards and flip_rewards: two controls at once measure neither; "
                      "run them as separate runs")
+        if self.optimizer not in OPTIMIZERS:
+            p.append(f"optimizer={self.optimizer!r}: must be one of {', '.join(OPTIMIZERS)}")
         if self.weight_decay < 0:
             p.append(f"weight_decay={self.weight_decay!r}: must be >= 0")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:

@@ -177,9 +177,13 @@ class HarnessAsyncGRPOTrainer:
                  args.logits_chunk_tokens or "all (dense)")
         # Only what trains: with LoRA, AdamW holds state for the adapters alone.
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate,
-                                           betas=tuple(args.adam_betas),
-                                           weight_decay=args.weight_decay)
+        if args.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(trainable, lr=args.learning_rate,
+                                             weight_decay=args.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate,
+                                               betas=tuple(args.adam_betas),
+                                               weight_decay=args.weight_decay)
         warm = args.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)

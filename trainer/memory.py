@@ -3,6 +3,7 @@
     python -m trainer.memory --table                 # Qwen3-4B/8B/32B on 8x H100 / 8x H200
     python -m trainer.memory --table --tokens 16384 --logits-chunk 2048
     python -m trainer.memory --table --reference     # with beta > 0's frozen reference model
+    python -m trainer.memory --table --optimizer sgd # plain SGD: no optimizer state
 
 Why it exists: the first real run should not be the way to learn that a model does not fit.
 Every term below is what this trainer allocates (trainer/grpo.py, distributed.py, forward.py,
@@ -10,7 +11,8 @@ loss.py), per GPU, with FSDP2 over `world` GPUs and a bf16 compute dtype:
 
 - parameters: fp32 master weights, sharded (4 P / world bytes);
 - gradients: fp32, sharded after the reduce-scatter (4 P / world);
-- AdamW state: exp_avg and exp_avg_sq, fp32, sharded (8 P / world);
+- AdamW state: exp_avg and exp_avg_sq, fp32, sharded (8 P / world); none with `--optimizer sgd`
+  (plain SGD, no momentum, keeps no state: trainer/config.py `optimizer`);
 - gathered: the bf16 copies FSDP2 all-gathers: the current and the prefetched decoder layer,
   and the root unit (embeddings, final norm, lm_head), which stays gathered through the step;
   plus one layer's unsharded gradient in bf16 and in fp32 for the reduce (MixedPrecisionPolicy
@@ -62,6 +64,8 @@ __all__ = ["GPUS", "QWEN3", "ModelShape", "estimate", "fixed_activation_bytes", 
 
 GiB = 2**30
 FP32 = 4
+# fp32 tensors of optimizer state per parameter (trainer/grpo.py builds one or the other).
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}
 DEFERRED_GRAD_SHARE = 0.25  # trainer/loop.py's; not imported: this module must stay torch-free
 
 
@@ -137,13 +141,14 @@ def fixed_activation_bytes(s: ModelShape, b: int = 2) -> int:
 
 
 def estimate(s: ModelShape, *, world: int, tokens: int, checkpointing: bool, b: int = 2,
-             logits_chunk: int = 1024, reference: bool = False) -> dict[str, float]:
+             logits_chunk: int = 1024, reference: bool = False,
+             optimizer: str = "adamw") -> dict[str, float]:
     """Bytes per GPU, by term, for one micro-batch of `tokens` tokens (see the module doc)."""
     p, pl, pr = s.params(), s.layer_params(), s.root_params()
     out: dict[str, float] = {
         "parameters": FP32 * p / world,
         "gradients": FP32 * p / world,
-        "optimizer": 2 * FP32 * p / world,
+        "optimizer": OPTIMIZER_STATES[optimizer] * FP32 * p / world,
         "gathered": b * (2 * pl + pr) + (b + FP32) * max(pl, pr),
     }
     a_layer, a_fixed = layer_activation_bytes(s, b), fixed_activation_bytes(s, b)
@@ -171,18 +176,19 @@ def deferred_grad_bytes(s: ModelShape, gpu_gib: float, b: int = 2) -> float:
 
 
 def table(tokens: int = 32768, world: int = 8, logits_chunk: int = 1024,
-          reference: bool = False) -> str:
+          reference: bool = False, optimizer: str = "adamw") -> str:
     """The README's markdown table: GiB per GPU, checkpointing on / off (`reference`: beta > 0)."""
     gpus = " / ".join(GPUS)
-    lines = [f"| model | params (B) | parameters + grads + AdamW (GiB) | gathered bf16 | "
+    opt = {"adamw": "AdamW", "sgd": "SGD (no state)"}[optimizer]
+    lines = [f"| model | params (B) | parameters + grads + {opt} (GiB) | gathered bf16 | "
              f"activations at {tokens // 1024}k tokens, ckpt on / off | logits / layer backward | "
              f"total on / off{' (with the reference)' if reference else ''} | deferred grads ({gpus}) | 8x H100 80GB | 8x H200 141GB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in QWEN3.items():
         on = estimate(s, world=world, tokens=tokens, checkpointing=True, logits_chunk=logits_chunk,
-                      reference=reference)
+                      reference=reference, optimizer=optimizer)
         off = estimate(s, world=world, tokens=tokens, checkpointing=False,
-                       logits_chunk=logits_chunk, reference=reference)
+                       logits_chunk=logits_chunk, reference=reference, optimizer=optimizer)
         state = on["parameters"] + on["gradients"] + on["optimizer"]
         fits, deferred = [], []
         for cap in GPUS.values():
@@ -210,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world", type=int, default=8, help="GPUs the model is sharded over")
     ap.add_argument("--reference", action="store_true",
                     help="count the beta > 0 reference model (bf16, sharded) in every total")
+    ap.add_argument("--optimizer", choices=sorted(OPTIMIZER_STATES), default="adamw",
+                    help="the trainer's optimizer: adamw keeps two fp32 moments, sgd none")
     ap.add_argument("--logits-chunk", type=int, default=1024,
                     help="logits_chunk_tokens (0: dense logits of every token)")
     a = ap.parse_args(argv)
@@ -218,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{name}={value}: must be >= 1")
     if a.logits_chunk < 0:
         ap.error(f"--logits-chunk={a.logits_chunk}: must be >= 0")
-    print(table(a.tokens, a.world, a.logits_chunk, a.reference))
+    print(table(a.tokens, a.world, a.logits_chunk, a.reference, a.optimizer))
     print(f"\nGiB per GPU, FSDP2 over {a.world} GPUs, bf16 compute on fp32 master weights. "
           "Activations include the recomputed layer when checkpointing; the total adds the larger "
           "of the logits and layer-backward phases (they do not overlap); 'fits' leaves 3 GiB for "

@@ -254,7 +254,12 @@ def preflight(settings: RunSettings, *, train: bool,
     if train:
         problems += _check_rewards(settings)
         problems += _check_resume(settings)
-        problems += [f"trainer: {_as_flags(p)}" for p in settings.trainer_config().validate()]
+        if settings.learning_rate is None:  # --optimizer sgd on a --model of your own
+            problems.append(f"--optimizer sgd with --model {settings.model}: give --learning-rate "
+                            "(SGD's step is lr x gradient, so its rate follows your model's "
+                            "gradient scale; AdamW's 1e-6 default would not move it)")
+        else:
+            problems += [f"trainer: {_as_flags(p)}" for p in settings.trainer_config().validate()]
         from harness.run.learning import before_after_problems
 
         problems += before_after_problems(settings)

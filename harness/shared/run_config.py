@@ -35,7 +35,7 @@ import yaml
 __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "settings_from_args"]
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
-TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "beta", "resume", "weight_sync",
+TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "optimizer", "beta", "resume", "weight_sync",
                         "reward_fn", "reward_funcs", "report_to", "shuffle_rewards", "shuffle_mode",
                         "flip_rewards",
                         "shuffle_tasks", "eval_tasks", "eval_rollouts_per_task", "rollout_service",
@@ -48,6 +48,10 @@ TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate
 # would wreck a pretrained model of billions, so a --model of your own gets a fine-tuning rate.
 TINY_LEARNING_RATE = 5e-4
 MODEL_LEARNING_RATE = 1e-6
+# --optimizer sgd: its step is lr x gradient, so its rate follows the gradient's scale, not
+# AdamW's. On the tiny lookup warm start 0.5 learnt as fast as AdamW's 5e-4 (dev, seed 0: 43% ->
+# 90%; docs/learning.md). A --model of your own has no such default: give --learning-rate.
+TINY_SGD_LEARNING_RATE = 0.5
 _TINY_MODELS = Path(__file__).resolve().parents[2] / "models"  # the committed tiny models
 # --eval-tasks "auto": the test split of a generated family trained on its train split.
 _DEFAULT_EVAL = {"lookup:train": "lookup:test", "family:train": "family:heldout"}
@@ -82,8 +86,10 @@ class RunSettings:
     max_concurrent_rollouts: int = 6
     steps: int = 12
     save_steps: int = 50  # sharded checkpoint every N steps, and after the last one
-    # None: 5e-4 for the committed tiny models, 1e-6 for a --model of your own (__post_init__).
+    # None: 5e-4 for the committed tiny models, 1e-6 for a --model of your own; with --optimizer
+    # sgd, 0.5 for the tiny models and none for your own (__post_init__).
     learning_rate: float | None = None
+    optimizer: str = "adamw"  # or "sgd" (trainer.config.AsyncGRPOConfig checks it)
     beta: float = 0.0  # KL (k3) to the initial policy, per token; 0: no reference model
     temperature: float = 1.0
     max_tokens: int = 128  # per engine call, enforced by the capture proxy
@@ -133,7 +139,10 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.learning_rate is None:
             tiny = self.model is None or Path(self.model).resolve().parent == _TINY_MODELS
-            self.learning_rate = TINY_LEARNING_RATE if tiny else MODEL_LEARNING_RATE
+            if self.optimizer == "sgd":  # None stays for a model of your own: preflight asks
+                self.learning_rate = TINY_SGD_LEARNING_RATE if tiny else None
+            else:
+                self.learning_rate = TINY_LEARNING_RATE if tiny else MODEL_LEARNING_RATE
         if self.max_agent_steps is None:
             self.max_agent_steps = (2 if self.tasks.startswith("lookup:")
                                     else 1 if self.tasks.startswith("family:") else 8)
@@ -167,6 +176,7 @@ class RunSettings:
             max_concurrent_rollouts=self.max_concurrent_rollouts,
             temperature=self.temperature,
             max_tokens=self.max_tokens, learning_rate=self.learning_rate, max_steps=self.steps,
+            optimizer=self.optimizer,  # type: ignore[arg-type]  # AsyncGRPOConfig checks it
             beta=self.beta, seed=self.seed, output_dir=str(Path(run_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
             save_steps=self.save_steps, shuffle_rewards=self.shuffle_rewards,
@@ -240,9 +250,13 @@ def _help(name: str) -> str:
         "steps": "optimizer steps to train",
         "save_steps": "write a sharded checkpoint every N steps (and after the last; 0: only "
                       "the last); the final model is exported to <output-dir>/trainer/model",
-        "learning_rate": "AdamW learning rate (default: 5e-4 for the committed tiny models, "
-                         "1e-6 for any other --model; 0 is the control that measures "
+        "learning_rate": "the optimizer's learning rate (default: 5e-4 for the committed tiny models, "
+                         "1e-6 for any other --model; with --optimizer sgd 0.5 for the tiny "
+                         "models, and a --model of your own needs one; 0 is the control that measures "
                          "evaluation noise: every step runs, the weights never move)",
+        "optimizer": "adamw (default) or sgd: plain SGD's step is linear in the gradient, so "
+                     "steps on rewards that carry no information cancel (AdamW's early steps "
+                     "are about lr x sign(gradient) whatever its size)",
         "beta": "KL penalty to the initial policy (TRL's beta): each completion token's loss "
                 "gets beta x k3(policy, initial policy); 0 (default) builds no reference model",
         "temperature": "sampling temperature (enforced on every agent call)",
