@@ -60,10 +60,9 @@ def test_the_controls_reach_the_trainer_and_refuse_to_be_combined():
         assert any("learning_rate" in p for p in AsyncGRPOConfig(learning_rate=bad).validate())
 
 
-def test_a_trainer_step_at_learning_rate_zero_runs_and_moves_no_weight(tmp_path):
-    # The real trainer's step (trainer.loop.run_step) with gradients that move the weights at
-    # lr 1e-2: at 0 the step still runs (the version advances, so the push happens) and every
-    # parameter stays bit for bit where it was.
+def _one_step(out, advantages: list[float], **config):
+    """One real trainer step (trainer.loop.run_step) of a tiny seeded Qwen3 on two rows: (the
+    weights before, the weights after, the trainer), weights flattened into one tensor."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -72,27 +71,33 @@ def test_a_trainer_step_at_learning_rate_zero_runs_and_moves_no_weight(tmp_path)
     from trainer.loop import StepInput, run_step
     from trainer.rows import trace_to_rows
 
-    def step(lr: float) -> tuple[list, list, int]:
-        torch.manual_seed(0)
-        model = Qwen3ForCausalLM(Qwen3Config(
-            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-            max_position_embeddings=64, tie_word_embeddings=True)).float()
-        args = AsyncGRPOConfig(num_generations=2, max_steps=1, learning_rate=lr,
-                               output_dir=str(tmp_path / str(lr)), report_to="none")
-        source = ReplaySource(lambda s, k: None, lambda s, k: None)
-        trainer = HarnessAsyncGRPOTrainer(model, lambda sampling: source, args)
-        rows = [trace_to_rows(make_trace(make_turn([5, 6, 7], c, node_id=n)))[0][0]
-                for c, n in (([40, 41], "g"), ([90, 91], "b"))]
-        before = [p.detach().clone() for p in model.parameters()]
-        run_step(trainer, StepInput(rows=rows, advantages=[1.0, -1.0]))
-        return before, [p.detach() for p in model.parameters()], trainer.state.policy_version
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        max_position_embeddings=64, tie_word_embeddings=True)).float()
+    args = AsyncGRPOConfig(num_generations=2, max_steps=1, output_dir=str(out),
+                           report_to="none", **config)
+    assert not args.validate()
+    source = ReplaySource(lambda s, k: None, lambda s, k: None)
+    trainer = HarnessAsyncGRPOTrainer(model, lambda sampling: source, args)
+    rows = [trace_to_rows(make_trace(make_turn([5, 6, 7], c, node_id=n)))[0][0]
+            for c, n in (([40, 41], "g"), ([90, 91], "b"))]
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    run_step(trainer, StepInput(rows=rows, advantages=advantages))
+    return before, torch.cat([p.detach().flatten() for p in model.parameters()]), trainer
 
-    before, after, version = step(0.0)
-    assert version == 1
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    before, after, _ = step(1e-2)  # the same step at a real rate does move them
-    assert not all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+def test_a_trainer_step_at_learning_rate_zero_runs_and_moves_no_weight(tmp_path):
+    # With gradients that move the weights at lr 1e-2: at 0 the step still runs (the version
+    # advances, so the push happens) and every parameter stays bit for bit where it was.
+    import torch
+
+    before, after, trainer = _one_step(tmp_path / "0", [1.0, -1.0], learning_rate=0.0)
+    assert trainer.state.policy_version == 1
+    assert torch.equal(before, after)
+    before, after, _ = _one_step(tmp_path / "1e-2", [1.0, -1.0], learning_rate=1e-2)
+    assert not torch.equal(before, after)  # the same step at a real rate does move them
 
 
 def test_the_kl_anchor_reaches_the_trainer_from_the_command_line():
@@ -114,32 +119,13 @@ def test_sgd_steps_are_linear_in_the_gradient_where_adamw_steps_are_not(tmp_path
     carry no information cancel as their gradients do); AdamW's first update is about
     lr x sign(gradient), the same for both. The real trainer's step, clipping off."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from trainer.fakes import ReplaySource, make_trace, make_turn
-    from trainer.grpo import HarnessAsyncGRPOTrainer
-    from trainer.loop import StepInput, run_step
-    from trainer.rows import trace_to_rows
 
     def update(optimizer: str, lr: float, scale: float) -> torch.Tensor:
-        torch.manual_seed(0)
-        model = Qwen3ForCausalLM(Qwen3Config(
-            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-            max_position_embeddings=64, tie_word_embeddings=True)).float()
-        args = AsyncGRPOConfig(num_generations=2, max_steps=1, learning_rate=lr,
-                               optimizer=optimizer, max_grad_norm=None,
-                               output_dir=str(tmp_path / f"{optimizer}-{scale}"),
-                               report_to="none")
-        assert not args.validate()
-        source = ReplaySource(lambda s, k: None, lambda s, k: None)
-        trainer = HarnessAsyncGRPOTrainer(model, lambda sampling: source, args)
+        before, after, trainer = _one_step(tmp_path / f"{optimizer}-{scale}", [scale, -scale],
+                                           learning_rate=lr, optimizer=optimizer,
+                                           max_grad_norm=None)
         assert type(trainer.optimizer).__name__ == {"sgd": "SGD", "adamw": "AdamW"}[optimizer]
-        rows = [trace_to_rows(make_trace(make_turn([5, 6, 7], c, node_id=n)))[0][0]
-                for c, n in (([40, 41], "g"), ([90, 91], "b"))]
-        before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
-        run_step(trainer, StepInput(rows=rows, advantages=[scale, -scale]))
-        return torch.cat([p.detach().flatten() for p in model.parameters()]) - before
+        return after - before
 
     sgd_1, sgd_2 = update("sgd", 1.0, 1.0), update("sgd", 1.0, 2.0)
     assert sgd_1.abs().max() > 1e-3
