@@ -51,9 +51,9 @@ class AsyncGRPOConfig:
     shuffle_dataset: bool = True
     # --- optimisation -------------------------------------------------------------------------
     learning_rate: float = 1e-6
-    # adamw: the usual. sgd: plain SGD, whose step is linear in the gradient, so updates on
-    # rewards that carry no information cancel as their gradients do (Adam's step is about
-    # lr x sign(g) early on, whatever the gradient's size: trainer/reward_shuffle.py).
+    # adamw: the usual. sgd: plain SGD (step = lr x gradient, no optimizer state). Tried against
+    # the shuffled control's drift, on the idea that SGD's steps cancel as their gradients do
+    # where AdamW's early ~lr x sign(g) steps need not; it drifted as much (docs/learning.md).
     optimizer: Literal["adamw", "sgd"] = "adamw"
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)

@@ -11,7 +11,7 @@ Each seed runs the README's main command, `python -m harness.train --harness min
 after, the verifier's reward alone) into OUT/seed-S; `--harness` runs the same command with
 another agent, from that agent's own committed warm start. Three controls: `shuffle` (rewards
 permuted within each group) runs at every `--control-seeds` seed and its mean change must stay
-within +-5 points: one shuffled run is a draw from the -23 to +17 points that 12 steps of training
+within +-5 points: one shuffled run is a draw from the -27 to +17 points that 12 steps of training
 on uninformative rewards move this policy (docs/learning.md), so it is judged on the mean of 8
 seeds (stats.CONTROL_MIN_SEEDS says why 8); `lr0` (learning rate 0: every step runs and pushes, the weights never move, so its
 change is evaluation noise) must stay within +-5 points and `flip` (each reward r trained as

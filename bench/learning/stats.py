@@ -25,10 +25,10 @@ CONTROLS = {"shuffle": ["--shuffle-rewards"], "lr0": ["--learning-rate", "0"],
             "flip": ["--flip-rewards"]}
 # Seeds each control needs before its check can pass. The shuffled control's change is mostly
 # training noise: 12 steps on rewards that carry no information still move the policy, with a
-# per-seed SD of about 11 points on test (docs/learning.md: -23 to +12 over 8 balanced runs; AdamW
+# per-seed SD of 11-15 points on test (docs/learning.md: -27 to +17 over 16 balanced runs; AdamW
 # or SGD alike), so one run of it is a draw from that spread and "within +-5" is judged on its
-# mean. Over 4 seeds that mean's standard error is ~5.7 and a loop with no bias at all would
-# fail the check about 4 times in 10; over 8, ~4.0 and about 2 in 10. lr 0 never moves the
+# mean. At an SD of 11, over 4 seeds that mean's standard error is ~5.7 and a loop with no bias at
+# all would fail the check about 4 times in 10; over 8, ~4.0 and about 2 in 10. lr 0 never moves the
 # weights (its change is evaluation noise, 0.0 with per-request seeds) and a flipped run falls by
 # tens of points, so one seed answers each.
 CONTROL_MIN_SEEDS = {"shuffle": 8, "lr0": 1, "flip": 1}

@@ -254,9 +254,8 @@ def _help(name: str) -> str:
                          "1e-6 for any other --model; with --optimizer sgd 0.5 for the tiny "
                          "models, and a --model of your own needs one; 0 is the control that measures "
                          "evaluation noise: every step runs, the weights never move)",
-        "optimizer": "adamw (default) or sgd: plain SGD's step is linear in the gradient, so "
-                     "steps on rewards that carry no information cancel (AdamW's early steps "
-                     "are about lr x sign(gradient) whatever its size)",
+        "optimizer": "adamw (default) or sgd: plain SGD, step = lr x gradient, no optimizer "
+                     "state (its shuffled-reward drift on dev matched AdamW's: docs/learning.md)",
         "beta": "KL penalty to the initial policy (TRL's beta): each completion token's loss "
                 "gets beta x k3(policy, initial policy); 0 (default) builds no reference model",
         "temperature": "sampling temperature (enforced on every agent call)",
