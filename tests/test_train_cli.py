@@ -258,3 +258,14 @@ def test_the_trainer_trains_the_tasks_every_rollout_service_loads_and_is_told_th
         _train_task_names(settings, Pool({"http://s1": names, "http://s2": names[:1]}))
     with pytest.raises(SettingsError, match="http://s1: no tasks found"):
         _train_task_names(settings, Pool({"http://s1": "no tasks found"}))
+
+
+def test_max_staleness_reaches_the_trainer_and_a_negative_one_is_named() -> None:
+    """--max-staleness 0 is the synchronous, reproducible run (tests/test_train_reproducible.py
+    runs it twice); the default keeps sampling one step ahead of the trainer."""
+    assert parse([]).trainer_config().max_staleness == 1
+    sync = parse(["--max-staleness", "0"]).trainer_config()
+    assert sync.max_staleness == 0 and not sync.validate()
+    problems = parse(["--max-staleness", "-1"]).trainer_config().validate()
+    assert any("max_staleness=-1" in p and ">= 0" in p for p in problems), problems
+    assert "--max-staleness" not in build_parser("e", "d", eval_mode=True).format_help()

@@ -29,6 +29,11 @@ anything. Runs go one after another: this machine has 2 cores, and concurrent ru
 measure each other's load. A run of 4 seeds, 3 controls at one seed and 8 diagnostics took 70 min
 here (2026-12-04, mini-swe-agent, the test suite running at `nice 19` beside it); the default's
 seven more shuffled seeds add about 60 min.
+
+Every figure it has printed so far ran the main command's default, asynchronous training, where
+which weights sampled a rollout follows the machine's load (the same shuffled seed moved up to
+20 points between sittings). `-- --max-staleness 0` trains synchronously: each run is then a
+function of its seed and a rerun samples the same tokens (README: Reproducible runs).
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ __all__ = ["RunSettings", "SettingsError", "build_parser", "load_callable", "set
 
 HARNESSES = ("opencode", "claude-code", "codex", "mini-swe-agent")
 TRAIN_ONLY = frozenset({"groups_per_step", "steps", "save_steps", "learning_rate", "optimizer", "beta", "resume", "weight_sync",
+                        "max_staleness",
                         "reward_fn", "reward_funcs", "report_to", "shuffle_rewards", "shuffle_mode",
                         "flip_rewards",
                         "shuffle_tasks", "eval_tasks", "eval_rollouts_per_task", "rollout_service",
@@ -85,6 +86,10 @@ class RunSettings:
     groups_per_step: int = 4
     max_concurrent_rollouts: int = 6
     steps: int = 12
+    # Steps the rollouts may run ahead of the trainer (trainer/producer.py): 1 overlaps sampling
+    # with training, and which version samples a rollout then follows the machine's timing; 0
+    # samples every rollout with the newest weights, so a run is a function of its --seed.
+    max_staleness: int = 1
     save_steps: int = 50  # sharded checkpoint every N steps, and after the last one
     # None: 5e-4 for the committed tiny models, 1e-6 for a --model of your own; with --optimizer
     # sgd, 0.5 for the tiny models and none for your own (__post_init__).
@@ -176,6 +181,7 @@ class RunSettings:
             max_concurrent_rollouts=self.max_concurrent_rollouts,
             temperature=self.temperature,
             max_tokens=self.max_tokens, learning_rate=self.learning_rate, max_steps=self.steps,
+            max_staleness=self.max_staleness,
             optimizer=self.optimizer,  # type: ignore[arg-type]  # AsyncGRPOConfig checks it
             beta=self.beta, seed=self.seed, output_dir=str(Path(run_dir) / "trainer"),
             report_to=self.report_to, resume_from_checkpoint=True if self.resume else None,
@@ -248,6 +254,11 @@ def _help(name: str) -> str:
         "groups_per_step": "groups consumed by one optimizer step",
         "max_concurrent_rollouts": "rollouts in flight at once",
         "steps": "optimizer steps to train",
+        "max_staleness": "steps the rollouts may run ahead of the trainer (default 1: sampling "
+                         "overlaps training, and which weights sampled a rollout follows the "
+                         "timing); 0: synchronous, every rollout sampled by the newest weights, "
+                         "so the same command and --seed give the same run, after table "
+                         "included (README: Reproducible runs)",
         "save_steps": "write a sharded checkpoint every N steps (and after the last; 0: only "
                       "the last); the final model is exported to <output-dir>/trainer/model",
         "learning_rate": "the optimizer's learning rate (default: 5e-4 for the committed tiny models, "
@@ -281,7 +292,8 @@ def _help(name: str) -> str:
         "proxy_port": "port of the capture proxy (0: a free port)",
         "report_to": "metrics sinks besides the console: none, jsonl, trackio, wandb",
         "seed": "random seed; also seeds every rollout's sampling (per-request vLLM seeds "
-                "derived from it and the rollout), so a rerun samples alike",
+                "derived from it and the rollout), so a rerun samples alike (all of it with "
+                "--max-staleness 0; else until the first weight push)",
         "rollouts_per_task": "(eval) rollouts per task",
         "shuffle_rewards": "control run: permute rewards within each group, so they no longer "
                            "follow actions (a loop that still learns has a bug)",
