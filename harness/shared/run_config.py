@@ -88,7 +88,7 @@ class RunSettings:
     steps: int = 12
     # Steps the rollouts may run ahead of the trainer (trainer/producer.py): 1 overlaps sampling
     # with training, and which version samples a rollout then follows the machine's timing; 0
-    # samples every rollout with the newest weights, so a run is a function of its --seed.
+    # samples every rollout with the newest weights, so what a run samples follows its --seed.
     max_staleness: int = 1
     save_steps: int = 50  # sharded checkpoint every N steps, and after the last one
     # None: 5e-4 for the committed tiny models, 1e-6 for a --model of your own; with --optimizer
@@ -257,8 +257,8 @@ def _help(name: str) -> str:
         "max_staleness": "steps the rollouts may run ahead of the trainer (default 1: sampling "
                          "overlaps training, and which weights sampled a rollout follows the "
                          "timing); 0: synchronous, every rollout sampled by the newest weights, "
-                         "so the same command and --seed give the same run, after table "
-                         "included (README: Reproducible runs)",
+                         "so the same command and --seed sample the same tokens throughout, "
+                         "after table included (README: Reproducible runs)",
         "save_steps": "write a sharded checkpoint every N steps (and after the last; 0: only "
                       "the last); the final model is exported to <output-dir>/trainer/model",
         "learning_rate": "the optimizer's learning rate (default: 5e-4 for the committed tiny models, "
