@@ -63,6 +63,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import signal
 import socket
@@ -98,6 +99,8 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Adapters the engine may hold in one batch: the current version and the one before it
 # (trainer/weight_sync/lora.py keep_loaded).
 LORA_SLOTS = 2
+# Starts tried when vLLM finds the port it was given (free a moment before) taken (Engine.start).
+PORT_ATTEMPTS = 3
 WEIGHT_TRANSFER_PLUGIN = "trainer.weight_sync.vllm_plugin:register"
 API_KEY_ENV = "HARNESS_ENGINE_API_KEY"  # read by capture.upstream and trainer.weight_sync too
 
@@ -225,6 +228,7 @@ class Engine:
         self.model_path = Path(model_path)
         self.host = host
         self.port = port or free_port(host)
+        self._port_chosen_here = not port  # free_port's pick: another may be tried (start)
         self.model = served_model_name
         self.weight_transfer_backend = weight_transfer_backend
         self.max_model_len = max_model_len
@@ -330,20 +334,34 @@ class Engine:
                 f"(`ss -ltnp 'sport = :{self.port}'`) or pick another port (--engine-port), "
                 "or reuse a running engine with --engine-url."
             )
-        cmd = self.command(on_gpu)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.environment(), start_new_session=True, preexec_fn=_die_with_parent,
-            )
-        self._reaper = start_reaper(self._process.pid)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            cmd = self.command(on_gpu)
+            with open(self.log_path, "ab") as log:
+                self._process = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=self.environment(), start_new_session=True, preexec_fn=_die_with_parent,
+                )
+            self._reaper = start_reaper(self._process.pid)
+            try:
+                self._wait_healthy()
+                return self
+            except EngineStartError:
+                self.stop()
+                # A port free_port picked can be taken by another process (this run's own
+                # proxy or service, asking the OS for any port) before vLLM binds it: pick again.
+                if not (self._port_chosen_here and attempt < PORT_ATTEMPTS
+                        and "Address already in use" in self._log_tail()):
+                    raise
+                log_port = self.port
+                self.port = free_port(self.host)
+                logging.getLogger(__name__).warning(
+                    "vLLM could not bind port %d (taken after it was picked); trying port %d",
+                    log_port, self.port)
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _log_tail(self, lines: int = 25) -> str:
         try:
@@ -370,13 +388,27 @@ class Engine:
                         f"{tail}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/health").status_code == 200:
+                    if client.get(f"{self.url}/health").status_code == 200 and self._serves_ours(
+                            client) and self._process.poll() is None:
                         return
                 time.sleep(0.5)
         raise EngineStartError(
             f"vLLM did not become healthy within {self.startup_timeout_s:.0f} s. "
             f"Log {self.log_path}:\n{self._log_tail()}"
         )
+
+    def _serves_ours(self, client: httpx.Client) -> bool:
+        """Whether what answers on the port is this engine: vLLM listing our served model with
+        our key. Any server's /health can answer 200, and a port picked free can be taken by
+        another process before vLLM binds it (then vLLM exits and `start` picks again)."""
+        head = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            reply = client.get(f"{self.base_url}/models", headers=head)
+            return reply.status_code == 200 and any(
+                m.get("id") == self.model and m.get("owned_by") == "vllm"
+                for m in reply.json()["data"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            return False
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the engine's whole process group: TERM, then KILL after `grace_s`."""
