@@ -12,9 +12,7 @@ Run: .venv/bin/python -m pytest tests/test_engine_port_race.py -q   (one real vL
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -23,31 +21,16 @@ import pytest
 import launchers.engine as engine_module
 from launchers.engine import Engine, EngineStartError
 from launchers.net import free_port
+from tests.helpers.http_stub import serving
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
-class _Impostor(BaseHTTPRequestHandler):
-    """Any server on the port: 200 and a models list on every GET, none of it vLLM's."""
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = b'{"data": [{"id": "tiny", "owned_by": "someone-else"}]}'
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def impostor() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Impostor)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    """Any server on a port: 200 and a models list on every GET, none of it vLLM's."""
+    with serving(b'{"data": [{"id": "tiny", "owned_by": "someone-else"}]}') as port:
+        yield port
 
 
 def test_a_picked_port_taken_before_vllm_binds_it_is_replaced(tiny_model_path: Path, impostor: int,

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import os
 import socket
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from harness.service.sandboxes import (
 )
 from harness.tasks import BUNDLED_DIR
 from launchers.paths import REPO_ROOT
+from tests.helpers.http_stub import serving
 from tests.helpers.waiting import until
 
 
@@ -44,26 +43,8 @@ async def sandbox() -> AsyncIterator[BwrapSandbox]:
 @pytest.fixture
 def http_server() -> Iterator[str]:
     """A real HTTP server on a host loopback port, standing in for the capture proxy."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            body = b"proxy says hi"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(b"proxy says hi") as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def _host_pids_with(marker: str) -> list[int]:
