@@ -337,6 +337,8 @@ class Engine:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             cmd = self.command(on_gpu)
+            # The log is appended to: only what this attempt writes says why it failed.
+            written_before = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "ab") as log:
                 self._process = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -350,8 +352,10 @@ class Engine:
                 self.stop()
                 # A port free_port picked can be taken by another process (this run's own
                 # proxy or service, asking the OS for any port) before vLLM binds it: pick again.
-                if not (self._port_chosen_here and attempt < PORT_ATTEMPTS
-                        and "Address already in use" in self._log_tail()):
+                with open(self.log_path, "rb") as log:
+                    log.seek(written_before)
+                    lost_port = b"Address already in use" in log.read()
+                if not (self._port_chosen_here and attempt < PORT_ATTEMPTS and lost_port):
                     raise
                 log_port = self.port
                 self.port = free_port(self.host)
