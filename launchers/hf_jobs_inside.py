@@ -108,8 +108,8 @@ def run_setting(train_args: list[str], flag: str) -> str | None:
 def default_model(harness: str | None, root: str | Path = REPO, tasks: str | None = None) -> str:
     """The directory `harness.train` loads when no --model is given (launchers.models.resolve_model
     with None): on the lookup family (the default --tasks) mini-swe-agent gets the lookup warm
-    start and an agent its own lookup one where it is committed (opencode); else the agent's own
-    committed create-file warm start where there is one, else mini-swe-agent's.
+    start and an agent its own lookup one where it is committed (opencode, Claude Code); else the
+    agent's own committed create-file warm start where there is one, else mini-swe-agent's.
     Read from the committed folders here, without importing launchers.models (it needs the project
     venv; a submit runs under `uv run` with huggingface_hub alone). tests/test_same_weights.py
     checks it against resolve_model for every --harness."""

@@ -10,7 +10,7 @@ below that rebuilds it.
 - models/tiny-qwen3-create-file-{codex,opencode,claude-code}: that --harness's default,
   `rebuild_command(harness)`.
 - models/tiny-qwen3-lookup: the default of mini-swe-agent on lookup:*, `LOOKUP_REBUILD`.
-- models/tiny-qwen3-lookup-{opencode}: that --harness's default on lookup:*,
+- models/tiny-qwen3-lookup-{opencode,claude-code}: that --harness's default on lookup:*,
   `lookup_rebuild_command(harness)` (LOOKUP_AGENTS: the agents with one committed).
 """
 
@@ -34,7 +34,7 @@ AGENT_WARM_MODELS = {h: REPO_ROOT / "models" / f"tiny-qwen3-create-file-{h}" for
 LOOKUP_MODEL = REPO_ROOT / "models" / "tiny-qwen3-lookup"
 LOOKUP_REBUILD = "python -m harness.warm.lookup --commit"
 # The agents other than mini-swe-agent with a lookup warm start of their own committed.
-LOOKUP_AGENTS: tuple[str, ...] = ("opencode",)
+LOOKUP_AGENTS: tuple[str, ...] = ("opencode", "claude-code")
 
 
 def lookup_model_dir(harness: str | None) -> Path:

@@ -27,6 +27,7 @@ import torch
 
 from harness.shared.lookup_names import VALUES
 from harness.tasks.lookup import lookup_tasks, source_text
+from harness.warm.agents import shared_prefix
 from harness.warm.lookup import synthetic_vocabulary
 from launchers.models import resolve_model
 from launchers.tiny_model import COMMITTED_MODEL, TinyModelError
@@ -40,7 +41,9 @@ from launchers.warm_models import (
     lookup_rebuild_command,
 )
 from tests.helpers.teacher_forced import (
+    SharedHead,
     call_rank,
+    claude_sandbox_prompt,
     encode_prompt,
     mini_first_request,
     opencode_first_request,
@@ -85,17 +88,34 @@ def test_it_saw_one_rollout_per_train_instruction_and_was_probed_on_dev_not_test
     assert set(build["probe"]["after"]) == {"dev", "train"}  # test decides nothing
 
 
+
+
+def _shell(harness: str, command: str) -> tuple[str, dict]:
+    """The agent's shell tool and its arguments for `command`, as its build captured them
+    (harness/audit/scripted_engine.py's shell_call: Claude Code's `Bash` takes a description)."""
+    if harness == "claude-code":
+        return "Bash", {"command": command, "description": "Run a command"}
+    return "bash", {"command": command}
+
+
 def _prompt(tok, harness: str, instruction: str, source: str | None, word: str = ""
             ) -> list[int]:
     """The agent's prompt ids: its recorded first request with `instruction`; with a `source`,
     the second: the `cat` call and the tool result as the agent sends it (mini-swe-agent: JSON
-    with returncode and output; opencode: the output)."""
+    with returncode and output; opencode and Claude Code: the output)."""
+    if harness == "claude-code":
+        from harness.audit.scripted_engine import tool_call
+
+        name, arguments = _shell(harness, f"cat {source}")
+        call = None if source is None else tool_call(name, **arguments)
+        return claude_sandbox_prompt(tok, instruction, call, source_text(word))
     mini = harness == "mini-swe-agent"
     messages, tools = (mini_first_request if mini else opencode_first_request)(instruction)
     if source is not None:
+        name, arguments = _shell(harness, f"cat {source}")
         messages.append({"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_0", "type": "function",
-             "function": {"name": "bash", "arguments": {"command": f"cat {source}"}}}]})
+             "function": {"name": name, "arguments": arguments}}]})
         output = source_text(word)
         messages.append({"role": "tool", "tool_call_id": "call_0", "content": json.dumps(
             {"returncode": 0, "output": output}, indent=2) if mini else output})
@@ -115,24 +135,27 @@ def _dev_ranks(model_dir: Path, harness: str) -> tuple[list[int], list[int]]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
     def call(command: str) -> list[int]:
-        return tok.encode(tool_call("bash", command=command), add_special_tokens=False)
+        name, arguments = _shell(harness, command)
+        return tok.encode(tool_call(name, **arguments), add_special_tokens=False)
 
     seen: dict[str, dict] = {}
     for task in lookup_tasks("dev"):
         seen.setdefault(task.metadata["instruction_id"], {**task.metadata,
                                                           "text": task.instruction.strip()})
-    first, copy = [], []
+    firsts, copies = [], []  # (prompt, candidate calls, index of the right one)
     for meta in sorted(seen.values(), key=lambda m: m["instruction_id"]):
-        first.append(call_rank(model, _prompt(tok, harness, meta["text"], None),
-                           [call(f"cat {s}") for s in SOURCES], SOURCES.index(meta["source"])))
+        firsts.append((_prompt(tok, harness, meta["text"], None),
+                       [call(f"cat {s}") for s in SOURCES], SOURCES.index(meta["source"])))
         writes = [call(f"echo {w} > {meta['target']}") for w in VALUES]
-        for shown in VALUES[::2]:
-            copy.append(call_rank(model, _prompt(tok, harness, meta["text"], meta["source"],
-                                                 shown), writes, VALUES.index(shown)))
-    return first, copy
+        copies.extend((_prompt(tok, harness, meta["text"], meta["source"], shown), writes,
+                       VALUES.index(shown)) for shown in VALUES[::2])
+    # The agent's system prompt and tools, run once (Claude Code's: ~15k tokens of ~17k).
+    head = SharedHead(model, shared_prefix([p for p, _, _ in firsts + copies]))
+    return ([call_rank(model, *scored, head=head) for scored in firsts],
+            [call_rank(model, *scored, head=head) for scored in copies])
 
 
-@pytest.mark.slow  # ~400 forwards of a 1,400-token (opencode: 10k) prompt, two models: minutes
+@pytest.mark.slow  # ~400 forwards past an agent's prompt head (1.4k to ~15k tokens), two models
 @pytest.mark.parametrize("harness", HARNESSES)
 def test_it_reads_the_named_file_and_ranks_the_shown_word_higher_than_its_base(harness: str):
     build = _build(harness)
@@ -218,3 +241,27 @@ def test_a_calls_score_against_the_cached_prompt_is_its_whole_sequence_score():
             logp = torch.log_softmax(model(torch.tensor([prompt + c])).logits[0].float(), -1)
             dense.append(logp[len(prompt) - 1:-1].gather(1, torch.tensor(c)[:, None]).sum().item())
     assert call_scores(model, prompt, calls) == pytest.approx(dense, abs=1e-4)
+    head = SharedHead(model, prompt[:5])  # the same prompt past a head run once
+    assert call_scores(model, prompt, calls, head) == pytest.approx(dense, abs=1e-4)
+    with pytest.raises(ValueError, match="does not extend"):
+        call_scores(model, prompt[:5], calls, head)
+
+
+def test_the_build_probe_reads_the_command_of_every_agents_shell_call():
+    # Claude Code's `Bash` call carries a description after the command: a probe that matched
+    # only calls ending on the command read every Claude Code sample as wrong (0%, silently).
+    from harness.audit.scripted_engine import tool_call
+    from harness.warm.lookup import _shell_command
+
+    calls = {tool_call("Bash", command="cat notes.txt", description="Run a command"):
+             "cat notes.txt",
+             tool_call("bash", command="echo amber > out.txt") + "<|im_end|>":
+             "echo amber > out.txt",
+             tool_call("exec_command", cmd="cat a\\ b.txt"): "cat a\\ b.txt",
+             "I will read it. " + tool_call("bash", command=" cat x.txt "): "cat x.txt"}
+    for reply, command in calls.items():
+        assert _shell_command(reply) == command, reply
+    for reply in ("cat notes.txt", "<tool_call>\n{not json}\n</tool_call>",
+                  '<tool_call>\n{"name": "bash", "arguments": "cat x"}\n</tool_call>',
+                  tool_call("Read", file_path="notes.txt")):
+        assert _shell_command(reply) is None, reply

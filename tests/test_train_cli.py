@@ -223,7 +223,7 @@ def test_the_defaults_resolve_the_learning_rate_and_the_held_out_split_from_the_
 @pytest.mark.parametrize(("harness", "model"), [
     ("mini-swe-agent", "tiny-qwen3-lookup"), ("opencode", "tiny-qwen3-lookup-opencode"),
     ("codex", "tiny-qwen3-create-file-codex"),
-    ("claude-code", "tiny-qwen3-create-file-claude-code"),
+    ("claude-code", "tiny-qwen3-lookup-claude-code"),
 ])
 def test_each_agent_runs_the_warm_start_made_for_its_prompts(tmp_path: Path, harness: str,
                                                               model: str) -> None:

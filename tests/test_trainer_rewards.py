@@ -71,6 +71,20 @@ def test_infra_and_verifier_failures_are_excluded_from_the_baseline_and_counted_
     assert m["rollouts/cause/ok"] == 2
 
 
+def test_rollouts_cut_short_at_their_step_limit_are_not_counted_as_timeouts():
+    # A 2-step task's rollouts end at the step limit with outcome.timed_out set (TRL's field
+    # tells a reward function it was cut short); only the cause says it ran out of time.
+    short = _rollout(1.0, seed=1)
+    short.outcome.timed_out = True
+    late = _rollout(0.0, cause="timeout", seed=2)
+    late.outcome.timed_out = True
+    g = prepare_group([short, late, _rollout(0.0, seed=3)], group_index=0, reward_funcs=[],
+                      scale_rewards=False, dispatch_version=0)
+    m = group_metrics([g], [])
+    assert m["rollouts/cut_short"] == 2 and m["rollouts/cause/timeout"] == 1
+    assert "rollouts/timed_out" not in m
+
+
 def test_a_zero_variance_group_is_skipped_before_any_row_is_built():
     bad_trace = {"turns": [{"node_id": "x"}]}  # would raise CaptureError if it were ever read
     results = [Rollout(cause="ok", trace=bad_trace, outcome=_outcome(1.0), env_reward=1.0)] * 3

@@ -210,7 +210,9 @@ def group_metrics(groups: list[PreparedGroup], reward_names: list[str]) -> dict[
     failures = Counter(f.split(":", 1)[0] for g in groups for f in g.reward_failures)
     for name, n in failures.items():
         m[f"rewards/{name}/failures"] = float(n)
-    m["rollouts/timed_out"] = float(sum(g.timed_out for g in groups))
+    # outcome.timed_out (TRL's contract) is also set at the step limit, which is how every
+    # rollout of a 2-step task ends: counted as cut short, apart from rollouts/cause/timeout.
+    m["rollouts/cut_short"] = float(sum(g.timed_out for g in groups))
     for cause, n in causes.items():
         m[f"rollouts/cause/{cause}"] = float(n)
     for reason, n in skipped.items():

@@ -55,8 +55,9 @@ LOOKUP_MODEL, `committed_lookup_model`):
     .venv/bin/python -m harness.warm.lookup --commit     # minutes on 2 cores
     .venv/bin/python -m harness.warm.lookup --out DIR    # build elsewhere, print the probe
 
-Other agents (`--harness opencode`, committed under models/tiny-qwen3-lookup-opencode/, the
-default of `--harness opencode` on lookup:*; LOOKUP_AGENTS in launchers/warm_models.py): the
+Other agents (`--harness opencode` and `--harness claude-code`, committed under
+models/tiny-qwen3-lookup-HARNESS/, that --harness's default on lookup:*; LOOKUP_AGENTS in
+launchers/warm_models.py): the
 same stages on traces captured through that agent's real CLI, from its create-file warm start
 (harness/warm/agents.py), the turns found by their commands (opencode asks the model for a title
 first). Every row shares the agent's ~9.7k-token system prompt and tools, so the stages after the
@@ -64,6 +65,11 @@ bare one run on agents.py's shared-prefix cache (PrefixSFT: the prefix computed 
 loss that of whole sequences), 0.5 s a step here instead of several. opencode's build
 (2026-12-06, 300 bare + 300 full + 80 calibrating steps, 8 samples per dev instruction): first
 step `cat SOURCE` 0% -> 96%, the shown word written 0% -> 41% (40 calibrating steps: 78%).
+Claude Code's (2026-12-06, the defaults: 300 bare + 100 short + 300 full + 40 calibrating steps,
+42 min here: ~20k prompt tokens shared, ~1k after the instruction, ~6 s a whole-prompt step):
+first step 0% -> 97%, the shown word 0% -> 83%, above the band; more calibrating steps would
+lower it (80 did for opencode), not tried. Its probe reads the command out of the call's JSON
+(`_shell_command`): Claude Code's `Bash` call carries a description after it.
 """
 
 from __future__ import annotations
@@ -100,7 +106,21 @@ CALIBRATE_STEPS, CALIBRATE_LR, WRONG_FIRST, WRONG_WORD = 40, 5e-4, 0.0, 0.7
 # dev, 80 at 41% (and 40 at 1e-3: 62%), in the band mini-swe-agent's build is in.
 AGENT_DEFAULTS: dict[str, dict[str, int]] = {"opencode": {"short_steps": 0,
                                                            "calibrate_steps": 80}}
-_COMMAND = re.compile(r'"command": "(.*?)"\}\}\n</tool_call>')
+_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def _shell_command(reply: str) -> str | None:
+    """The command of a reply's shell tool call, whatever else the call carries (Claude Code's
+    `Bash` takes a description after the command; Codex's `exec_command` calls it `cmd`)."""
+    found = _CALL.search(reply)
+    try:
+        arguments = json.loads(found.group(1)).get("arguments") if found else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(arguments, dict):
+        return None
+    command = arguments.get("command", arguments.get("cmd"))
+    return command.strip() if isinstance(command, str) else None
 
 
 def _last_tool_text(request: dict) -> str:
@@ -284,7 +304,6 @@ def _sample(model: Any, tok: Any, prompt: list[int], samples: int,
 
     if prefix is not None:  # an agent's long shared prompt: its keys and values computed once
         model.eval()
-        prefix.refresh()
         replies = prefix.sample(prompt, samples)
         model.train()
         return [tok.decode(r, skip_special_tokens=False) for r in replies]
@@ -310,18 +329,19 @@ def probe(model: Any, turns: _Turns, split: str, samples: int,
         tasks.setdefault(task.metadata["instruction_id"], task.metadata)
     counts = dict.fromkeys(("first", "value", "target", "second"), 0)
     total = 0
+    if prefix is not None:  # once: the weights do not change while probing
+        model.eval()
+        prefix.refresh()
     for i, meta in enumerate(sorted(tasks.values(), key=lambda m: m["instruction_id"])):
         swap = {"base": i % len(turns.captured), "source": meta["source"],
                 "target": meta["target"], "value": meta["value"], "template": meta["template"]}
         (p1, _), (p2, _) = turns.rows("full", [swap])
         for reply in _sample(model, turns.tok, p1, samples, prefix):
-            found = _COMMAND.search(reply)
-            counts["first"] += bool(found) and found.group(1).strip() in (
+            counts["first"] += _shell_command(reply) in (
                 f"cat {meta['source']}", f"cat /app/{meta['source']}")
         for reply in _sample(model, turns.tok, p2, samples, prefix):
-            found = _COMMAND.search(reply)
-            call = re.fullmatch(r"echo (\S+) > (?:/app/)?(\S+)", found.group(1).strip()) \
-                if found else None
+            command = _shell_command(reply)
+            call = re.fullmatch(r"echo (\S+) > (?:/app/)?(\S+)", command) if command else None
             value, target = (call.group(1) == meta["value"], call.group(2) == meta["target"]) \
                 if call else (False, False)
             counts["value"] += value
