@@ -106,8 +106,10 @@ def _prompt(tok, harness: str, instruction: str, source: str | None, word: str =
     if harness == "claude-code":
         from harness.audit.scripted_engine import tool_call
 
-        name, arguments = _shell(harness, f"cat {source}")
-        call = None if source is None else tool_call(name, **arguments)
+        call = None
+        if source is not None:
+            name, arguments = _shell(harness, f"cat {source}")
+            call = tool_call(name, **arguments)
         return claude_sandbox_prompt(tok, instruction, call, source_text(word))
     mini = harness == "mini-swe-agent"
     messages, tools = (mini_first_request if mini else opencode_first_request)(instruction)

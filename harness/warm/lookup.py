@@ -106,17 +106,14 @@ CALIBRATE_STEPS, CALIBRATE_LR, WRONG_FIRST, WRONG_WORD = 40, 5e-4, 0.0, 0.7
 # dev, 80 at 41% (and 40 at 1e-3: 62%), in the band mini-swe-agent's build is in.
 AGENT_DEFAULTS: dict[str, dict[str, int]] = {"opencode": {"short_steps": 0,
                                                            "calibrate_steps": 80}}
-_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
-
-
 def _shell_command(reply: str) -> str | None:
-    """The command of a reply's shell tool call, whatever else the call carries (Claude Code's
-    `Bash` takes a description after the command; Codex's `exec_command` calls it `cmd`)."""
-    found = _CALL.search(reply)
-    try:
-        arguments = json.loads(found.group(1)).get("arguments") if found else None
-    except (json.JSONDecodeError, AttributeError):
-        return None
+    """The command of a reply's first tool call as vLLM's hermes parser reads it, whatever else
+    the call carries (Claude Code's `Bash` takes a description after the command; Codex's
+    `exec_command` calls it `cmd`); None when the reply makes no shell call."""
+    from harness.audit.vllm_chat import parse_hermes
+
+    _, calls = parse_hermes(reply)
+    arguments = json.loads(calls[0]["function"]["arguments"]) if calls else None
     if not isinstance(arguments, dict):
         return None
     command = arguments.get("command", arguments.get("cmd"))
