@@ -10,10 +10,11 @@ Each seed runs the README's main command, `python -m harness.train --harness min
 --seed S` (its defaults: the lookup warm start, lookup:train, lookup:test evaluated before and
 after, the verifier's reward alone) into OUT/seed-S; `--harness` runs the same command with
 another agent, from that agent's own committed warm start. Three controls: `shuffle` (rewards
-permuted within each group) runs at every `--control-seeds` seed and its mean change must stay
-within +-5 points: one shuffled run is a draw from the -27 to +17 points that 12 steps of training
-on uninformative rewards move this policy (docs/learning.md), so it is judged on the mean of 8
-seeds (stats.CONTROL_MIN_SEEDS says why 8); `lr0` (learning rate 0: every step runs and pushes, the weights never move, so its
+permuted within each group) runs at every `--control-seeds` seed and must stay within +-5
+points: one shuffled run is a draw from the -27 to +17 points that 12 steps of training on
+uninformative rewards move this policy (docs/learning.md), so it is judged over at least 8
+seeds, and passes only when the 95% interval of their mean lies inside +-5
+(stats.CONTROL_MIN_SEEDS says why); `lr0` (learning rate 0: every step runs and pushes, the weights never move, so its
 change is evaluation noise) must stay within +-5 points and `flip` (each reward r trained as
 1 - r) must fall, each at the first control seed. Two diagnostics run `harness.eval` on each
 seed's trained model (OUT/seed-S/trainer/model): the test split's `swap` variant (the file holds
