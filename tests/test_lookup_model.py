@@ -88,8 +88,6 @@ def test_it_saw_one_rollout_per_train_instruction_and_was_probed_on_dev_not_test
     assert set(build["probe"]["after"]) == {"dev", "train"}  # test decides nothing
 
 
-
-
 def _shell(harness: str, command: str) -> tuple[str, dict]:
     """The agent's shell tool and its arguments for `command`, as its build captured them
     (harness/audit/scripted_engine.py's shell_call: Claude Code's `Bash` takes a description)."""

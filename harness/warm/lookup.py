@@ -57,10 +57,9 @@ LOOKUP_MODEL, `committed_lookup_model`):
 
 Other agents (`--harness opencode` and `--harness claude-code`, committed under
 models/tiny-qwen3-lookup-HARNESS/, that --harness's default on lookup:*; LOOKUP_AGENTS in
-launchers/warm_models.py): the
-same stages on traces captured through that agent's real CLI, from its create-file warm start
-(harness/warm/agents.py), the turns found by their commands (opencode asks the model for a title
-first). Every row shares the agent's ~9.7k-token system prompt and tools, so the stages after the
+launchers/warm_models.py): the same stages on traces captured through that agent's real CLI,
+from its create-file warm start (harness/warm/agents.py), the turns found by their commands
+(opencode asks the model for a title first). Every row shares the agent's ~9.7k-token system prompt and tools, so the stages after the
 bare one run on agents.py's shared-prefix cache (PrefixSFT: the prefix computed once a step, the
 loss that of whole sequences), 0.5 s a step here instead of several. opencode's build
 (2026-12-06, 300 bare + 300 full + 80 calibrating steps, 8 samples per dev instruction): first
@@ -106,6 +105,8 @@ CALIBRATE_STEPS, CALIBRATE_LR, WRONG_FIRST, WRONG_WORD = 40, 5e-4, 0.0, 0.7
 # dev, 80 at 41% (and 40 at 1e-3: 62%), in the band mini-swe-agent's build is in.
 AGENT_DEFAULTS: dict[str, dict[str, int]] = {"opencode": {"short_steps": 0,
                                                            "calibrate_steps": 80}}
+
+
 def _shell_command(reply: str) -> str | None:
     """The command of a reply's first tool call as vLLM's hermes parser reads it, whatever else
     the call carries (Claude Code's `Bash` takes a description after the command; Codex's
