@@ -95,7 +95,7 @@ from harness.warm.create_file import (
 )
 from launchers.warm_models import AGENTS, LOOKUP_AGENTS, lookup_model_dir, lookup_rebuild_command
 
-__all__ = ["build_lookup_model", "synthetic_vocabulary"]
+__all__ = ["build_lookup_model", "probe_models", "synthetic_vocabulary"]
 
 BARE_STEPS, SHORT_STEPS, FULL_STEPS, LR, SEED, SYNTHETIC = 300, 100, 300, 2e-3, 0, 900
 # The calibrating stage (step 4 of the docstring): the noisy teacher of _Turns.swaps.
@@ -347,6 +347,26 @@ def probe(model: Any, turns: _Turns, split: str, samples: int,
             counts["second"] += value and target
         total += samples
     return {**{k: round(v / total, 3) for k, v in counts.items()}, "n": total}
+
+
+def probe_models(models: dict[str, Any], tok: Any, *, split: str = "dev", samples: int = 8,
+                 seed: int = 0, harness: str = "mini-swe-agent",
+                 log: Any = print) -> dict[str, dict]:
+    """`probe` of each model on the same rows (the train traces captured once), each from the
+    same torch seed: two models with the same weights get the same samples, so a difference
+    between two probes is the weights', not the draw's (bench/learning/weights.py)."""
+    import torch
+
+    log(f"capturing scripted two-step solutions of the train instructions ({harness})")
+    with tempfile.TemporaryDirectory(prefix="lookup-capture-") as scratch:
+        records = capture_train_traces(Path(scratch), harness)
+    turns = _Turns(tok, records)
+    rates = {}
+    for i, (name, model) in enumerate(models.items(), 1):
+        torch.manual_seed(seed)
+        rates[name] = probe(model, turns, split, samples)
+        log(f"probed {i}/{len(models)} {name}: {rates[name]}")
+    return rates
 
 
 def build_lookup_model(out: Path, *, seed: int = SEED, bare_steps: int = BARE_STEPS,
