@@ -59,9 +59,10 @@ Other agents (`--harness opencode` and `--harness claude-code`, committed under
 models/tiny-qwen3-lookup-HARNESS/, that --harness's default on lookup:*; LOOKUP_AGENTS in
 launchers/warm_models.py): the same stages on traces captured through that agent's real CLI,
 from its create-file warm start (harness/warm/agents.py), the turns found by their commands
-(opencode asks the model for a title first). Every row shares the agent's ~9.7k-token system prompt and tools, so the stages after the
-bare one run on agents.py's shared-prefix cache (PrefixSFT: the prefix computed once a step, the
-loss that of whole sequences), 0.5 s a step here instead of several. opencode's build
+(opencode asks the model for a title first). Every row shares the agent's ~9.7k-token system
+prompt and tools, so the stages after the bare one run on agents.py's shared-prefix cache
+(PrefixSFT: the prefix computed once a step, the loss that of whole sequences), 0.5 s a step
+here instead of several. opencode's build
 (2026-12-06, 300 bare + 300 full + 80 calibrating steps, 8 samples per dev instruction): first
 step `cat SOURCE` 0% -> 96%, the shown word written 0% -> 41% (40 calibrating steps: 78%).
 Claude Code's (2026-12-06, the defaults: 300 bare + 100 short + 300 full + 40 calibrating steps,
