@@ -12,7 +12,9 @@ sandboxes, agents, the capture proxy, the verifier) through the one implementati
        too, written 0600 in a 0700 folder); every route but /health wants
        "Authorization: Bearer <key>" (the key: --key-file, $HARNESS_SERVICE_KEY, or made up)
     It serves behind the capture proxy's guard (capture.guard: head size and read time, body
-    size and read time, connection cap).
+    size and read time, connection cap), and keeps an idle connection KEEP_ALIVE_S, far past
+    the client's 5 s (httpx's pool): at uvicorn's default of 5 s both ends close an idle
+    connection at the same moment, and a request sent on it then is lost with it.
 
 Where it runs: from the project venv (.venv: harbor, openenv), never in the trainer's process.
 `python -m harness.train` starts one itself (`spawn_service`, pointed at the engine it launched,
@@ -30,9 +32,11 @@ model, sampling, max_tokens, limits); the service keeps one HarborSessionFactory
     POST   /v1/weight_version           {"version"}: the engine's weights changed (every proxy)
     POST   /v1/tasks                    {split, task_count} -> {"tasks": names, in seed order}
                                         | 400 naming the fix (a client's settings check)
-    POST   /v1/rollouts                 {factory, task, seed, episode_id, weight_version}
-                                        -> 202 {"id"} | 429
-    GET    /v1/rollouts/{id}?wait_s=N   long poll -> {"done": false} | {"done": true, "result"}
+    POST   /v1/rollouts                 {factory, task, seed, episode_id, weight_version,
+                                        request_id} -> 202 {"id"} | 429; the same request_id
+                                        again (its answer lost) gets the same id, no 2nd run
+    GET    /v1/rollouts/{id}?wait_s=N   long poll -> {"done": false} | {"done": true, "result"};
+                                        a handed-over result answers polls for a minute more
     DELETE /v1/rollouts/{id}            cancel (if running) and forget
     POST   /v1/sessions                 {factory, task, seed, episode_id} -> {"id", "task_id"}|429
     POST   /v1/sessions/{id}/wait       {"timeout_s", "wait_s"} long poll -> {"done", "exit_code"}
@@ -66,9 +70,10 @@ from harness.service.routes import create_app
 from harness.service.state import RolloutService
 
 # LocalService and spawn_service: tests/service_helpers.py imports them from here
-__all__ = ["LocalService", "build_parser", "main", "spawn_service", "write_ready"]
+__all__ = ["KEEP_ALIVE_S", "LocalService", "build_parser", "main", "spawn_service", "write_ready"]
 
 log = logging.getLogger("harness.serve")
+KEEP_ALIVE_S = 120  # an idle connection's life here (the capture proxy's too: capture.serving)
 
 
 def write_ready(path: Path, ready: dict[str, Any]) -> None:
@@ -152,6 +157,7 @@ async def _serve(args: argparse.Namespace) -> None:
     limits = Limits(max_body_bytes=16 * 1024 * 1024)
     config = uvicorn.Config(guard_app(create_app(service), limits), host=args.host,
                             port=args.port, log_level="warning", timeout_graceful_shutdown=5,
+                            timeout_keep_alive=KEEP_ALIVE_S,
                             proxy_headers=False, **server_options(limits))
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())

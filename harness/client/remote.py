@@ -138,9 +138,11 @@ class RemoteSessionFactory:
         return result
 
     async def _rollout(self, task: Any, seed: int | None, episode_id: str) -> RemoteRolloutResult:
+        # request_id: this rollout's admission, the same in every send of it, so a service
+        # that admitted it but whose answer was lost answers a repeat with the same rollout.
         body = {"factory": self.options, "task": _task_name(task), "seed": seed,
                 "episode_id": episode_id, "weight_version": self.pool.weight_version,
-                "weight_model": self.pool.weight_model}
+                "weight_model": self.pool.weight_model, "request_id": uuid.uuid4().hex}
         http = self.pool.aclient()
         attempts = 0
         admission_deadline = time.monotonic() + self.admission_timeout_s
@@ -155,9 +157,11 @@ class RemoteSessionFactory:
                 continue
             try:
                 try:
-                    r = await http.post(f"{service.url}/v1/rollouts", json=body)
+                    r = await self.pool.resend_once(
+                        lambda url=service.url: http.post(f"{url}/v1/rollouts", json=body))
                 except httpx.TransportError as exc:
-                    # Not admitted: nothing ran, so another service may take it.
+                    # Not admitted, or admitted by a service now unreachable: another service
+                    # may take it (a rollout the unreachable one started runs there unpolled).
                     self.pool.mark_down(service, exc)
                     attempts += 1
                     if attempts >= self.max_attempts * len(self.pool.services):
@@ -184,8 +188,9 @@ class RemoteSessionFactory:
         url = f"{service.url}/v1/rollouts/{rid}"
         while time.monotonic() < deadline:
             try:
-                r = await http.get(url, params={"wait_s": POLL_S},
-                                   timeout=httpx.Timeout(POLL_S + 30.0, connect=5.0))
+                r = await self.pool.resend_once(lambda: http.get(
+                    url, params={"wait_s": POLL_S},
+                    timeout=httpx.Timeout(POLL_S + 30.0, connect=5.0)))
             except httpx.TransportError as exc:
                 return self._lost(service, seed, episode_id, attempts, exc)
             if r.status_code == 404:
@@ -282,7 +287,8 @@ class RemoteSessionFactory:
     @property
     def metrics(self) -> dict[str, int]:
         return {**{f"rollouts/{c}": n for c, n in self.counts.items()},
-                "rollouts/retries": self.retries, "rollouts/lost_with_service": self.lost}
+                "rollouts/retries": self.retries, "rollouts/lost_with_service": self.lost,
+                "service/requests_resent": self.pool.resent}
 
     def close(self) -> None:
         if self._owns_pool:

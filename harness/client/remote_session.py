@@ -89,9 +89,13 @@ class RemoteSession:
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
-            r = await self.pool.aclient().request(
-                method, self.url + path,
-                timeout=httpx.Timeout(POLL_S + 30.0, connect=5.0), **kwargs)
+            def send() -> Any:
+                return self.pool.aclient().request(
+                    method, self.url + path,
+                    timeout=httpx.Timeout(POLL_S + 30.0, connect=5.0), **kwargs)
+
+            # A verify runs the verifier again if sent twice: it alone is not resent.
+            r = await (send() if path == "/verify" else self.pool.resend_once(send))
         except httpx.TransportError as exc:
             self.pool.mark_down(self.service, exc)
             raise ServiceLostError(f"rollout service {self.service.url} died mid-session "

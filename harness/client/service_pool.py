@@ -13,6 +13,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -21,10 +22,17 @@ from harness.client.remote_errors import error_of
 from harness.client.spawn import KEY_ENV
 from harness.shared.per_loop import PerLoop
 
-__all__ = ["POLL_S", "Service", "ServicePool"]
+__all__ = ["DROPPED", "POLL_S", "Service", "ServicePool"]
 
 log = logging.getLogger(__name__)
 POLL_S = 20.0  # one long poll; the HTTP read timeout is this plus a margin
+# A connection that broke under a request, not one that never opened or timed out: a request
+# sent on a keep-alive connection just as the other end closed it, or a reset on the way. Such a
+# request is sent once more at once, on a new connection (`ServicePool.resend_once`), before the
+# service is taken for down: a service is not avoided for `down_s`, and a rollout it is running
+# well not written off as lost, for one connection's accident.
+DROPPED: tuple[type[httpx.TransportError], ...] = (httpx.ReadError, httpx.WriteError,
+                                                   httpx.RemoteProtocolError)
 
 
 class Service:
@@ -69,6 +77,7 @@ class ServicePool:
         # so a service that missed an update (down, restarted) stamps the right version anyway.
         self.weight_version: int | None = None
         self.weight_model: str | None = None  # the LoRA adapter serving it (None: the base)
+        self.resent = 0  # requests sent again after their connection dropped (DROPPED)
 
     def aclient(self) -> httpx.AsyncClient:
         return self._async.get()
@@ -91,6 +100,20 @@ class ServicePool:
                 return chosen, 0.0
             wake = min(max(s.busy_until, s.down_until) for s in self.services)
             return None, max(0.05, wake - now)
+
+    async def resend_once(self, send: Callable[[], Awaitable[httpx.Response]]
+                          ) -> httpx.Response:
+        """`await send()`, and once more when its connection dropped (DROPPED). Only for a
+        request that is safe to repeat: a GET, a long poll, a rollout's admission (its
+        request_id makes the service answer a repeat with the same rollout)."""
+        try:
+            return await send()
+        except DROPPED as exc:
+            with self._lock:
+                self.resent += 1
+            log.info("connection dropped under a request (%s: %s); sending it again",
+                     type(exc).__name__, exc)
+            return await send()
 
     def release(self, service: Service) -> None:
         with self._lock:

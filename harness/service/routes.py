@@ -111,6 +111,9 @@ async def list_tasks(request: Request, s: RolloutService, body: dict) -> Respons
 
 
 async def create_rollout(request: Request, s: RolloutService, body: dict) -> Response:
+    known = await s.admitted_rollout(body.get("request_id"))
+    if known is not None:  # sent again after its answer was lost: the same rollout, no second
+        return JSONResponse({"id": known}, 202)
     busy = s.admit()
     if busy is not None:
         return busy
@@ -125,14 +128,14 @@ async def get_rollout(request: Request, s: RolloutService, body: dict) -> Respon
     await asyncio.wait({job.task}, timeout=_wait_s(request.query_params.get("wait_s")))
     if not job.task.done():
         return JSONResponse({"done": False})
-    del s.rollouts[rid]  # handed over: the client holds it now
+    s.hand_over(rid)  # the client holds it now (kept a minute for a poll sent again)
     if job.task.cancelled():
         return JSONResponse({"done": True, "result": None, "error": "cancelled"})
     return JSONResponse({"done": True, "result": result_json(job.task.result())})
 
 
 async def delete_rollout(request: Request, s: RolloutService, body: dict) -> Response:
-    job = s.rollouts.pop(request.path_params["rid"], None)
+    job = s.forget(request.path_params["rid"])
     if job is not None and not job.task.done():
         job.task.cancel()
         await asyncio.wait({job.task})

@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, Response
 
 from harness.shared.errors import CAUSES, HarnessError, cause_of
 
-__all__ = ["FACTORY_OPTIONS", "BadRequest", "Job", "OpenSession", "RolloutService", "error_reply",
-           "failure_reply", "result_json"]
+__all__ = ["FACTORY_OPTIONS", "HANDED_GRACE_S", "BadRequest", "Job", "OpenSession",
+           "RolloutService", "error_reply", "failure_reply", "result_json"]
 
 # Factory options a client may set; anything else in `factory` is refused by name.
 FACTORY_OPTIONS = frozenset({
@@ -81,11 +81,18 @@ def failure_reply(exc: BaseException) -> JSONResponse:
                        timeout=isinstance(exc, TimeoutError))
 
 
+# How long a result stays after a poll handed it over: a client whose connection dropped while
+# the answer was on its way asks again (harness.client.remote) and gets it, not a 404.
+HANDED_GRACE_S = 60.0
+
+
 @dataclass
 class Job:
     task: asyncio.Task[Any]
+    request_id: str | None = None  # the client's id for its admission (retries send it again)
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+    handed: float | None = None  # when a poll handed the result over
 
 
 @dataclass
@@ -122,6 +129,9 @@ class RolloutService:
         self.proxy: Any = None  # its CaptureServer
         self.factories: dict[str, Any] = {}
         self.rollouts: dict[str, Job] = {}
+        # A client's request_id -> the rollout id it was given (None while it starts, or when the
+        # start failed): a POST sent again after a dropped connection gets the same rollout.
+        self._requests: dict[str, asyncio.Future[str | None]] = {}
         self.sessions: dict[str, OpenSession] = {}
         self.admitted = 0
         self.rejected = 0
@@ -181,8 +191,28 @@ class RolloutService:
     def _forget_stale(self) -> None:
         now = time.monotonic()
         for rid, job in list(self.rollouts.items()):
-            if job.finished is not None and now - job.finished > self.result_ttl_s:
-                del self.rollouts[rid]
+            if (job.handed is not None and now - job.handed > HANDED_GRACE_S) or \
+                    (job.finished is not None and now - job.finished > self.result_ttl_s):
+                self.forget(rid)
+
+    def forget(self, rid: str) -> Job | None:
+        """Drop a rollout and its client's request id (a later retry of it starts nothing)."""
+        job = self.rollouts.pop(rid, None)
+        if job is not None and job.request_id is not None:
+            self._requests.pop(job.request_id, None)
+        return job
+
+    def hand_over(self, rid: str) -> None:
+        """A poll is answering with the result: keep it HANDED_GRACE_S for a repeated poll."""
+        job = self.rollouts.get(rid)
+        if job is not None and job.handed is None:
+            job.handed = time.monotonic()
+
+    async def admitted_rollout(self, request_id: Any) -> str | None:
+        """The rollout a client's earlier POST with this `request_id` was given, or None: the
+        POST's answer was lost with its connection, and the client sends it again."""
+        pending = self._requests.get(request_id) if isinstance(request_id, str) else None
+        return None if pending is None else await asyncio.shield(pending)
 
     async def factory(self, options: dict[str, Any]) -> Any:
         """The HarborSessionFactory for these options (made once, in a thread: tasks load)."""
@@ -241,6 +271,10 @@ class RolloutService:
 
     async def start_rollout(self, body: dict[str, Any]) -> str:
         """Start an admitted rollout (its slot was taken by `admit()`, held while starting)."""
+        request_id = body.get("request_id") if isinstance(body.get("request_id"), str) else None
+        started: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        if request_id is not None:  # before any await: a retry arriving now waits for this one
+            self._requests[request_id] = started
         self.starting += 1
         try:
             await self.catch_up(body)
@@ -249,12 +283,19 @@ class RolloutService:
                 factory.pick_task(body.get("task"), body.get("seed"))
             except ValueError as exc:
                 raise BadRequest(str(exc)) from exc
+        except BaseException:
+            if request_id is not None:
+                self._requests.pop(request_id, None)
+            started.set_result(None)  # a retry waiting on it is admitted on its own
+            raise
         finally:
             self.starting -= 1
         rid = uuid.uuid4().hex
         job = Job(asyncio.create_task(factory.rollout(
-            task=body.get("task"), seed=body.get("seed"), episode_id=body.get("episode_id"))))
+            task=body.get("task"), seed=body.get("seed"), episode_id=body.get("episode_id"))),
+            request_id=request_id)
         self.rollouts[rid] = job
+        started.set_result(rid)
 
         def finished(_: asyncio.Task[Any]) -> None:
             job.finished = time.monotonic()
@@ -279,7 +320,8 @@ class RolloutService:
             "rejected": self.rejected,
             "rollouts_by_cause": self.counts(),
             "retries": sum(f.retries for f in self.factories.values()),
-            "results_held": sum(1 for j in self.rollouts.values() if j.finished is not None),
+            "results_held": sum(1 for j in self.rollouts.values()
+                                if j.finished is not None and j.handed is None),
             "open_sessions": len(self.sessions),
             "rollout_s_mean": sum(recent) / len(recent) if recent else None,
             "factories": len(self.factories),

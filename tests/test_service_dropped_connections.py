@@ -1,0 +1,117 @@
+# .venv/bin/python -m pytest tests/test_service_dropped_connections.py -q
+"""A connection that breaks under a request to the rollout service loses no rollout, runs none
+twice, and does not make the client avoid a service that is up.
+
+Real pieces: a `python -m harness.serve` process, its capture proxy, bubblewrap, mini-swe-agent
+and Harbor's verifier on the bundled hello-file task, the trainer's `RemoteSessionFactory`; the
+engine is scripted (harness/audit/scripted_engine.py) so every rollout passes. Between client
+and service, tests/helpers/drop_relay.py breaks the connections of chosen requests: before the
+request reached the service (what a request sent on a keep-alive connection that the service
+is closing meets), and after the service did the work (its answer lost on the way).
+
+Before this was handled, the first break of each kind cost the whole service `down_s` (30 s) of
+no admissions, a dropped admission's answer started the rollout twice, and a dropped poll wrote
+off a rollout the service was running well as lost (an infra failure, its engine time wasted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from harness.audit.scripted_engine import ScriptedEngine, shell_task
+from harness.client.remote import RemoteSessionFactory
+from harness.tasks import BUNDLED_DIR
+from tests.helpers.drop_relay import Break, DropRelay
+from tests.helpers.service import start_service
+
+pytestmark = [pytest.mark.agents]
+
+HELLO = str(BUNDLED_DIR / "hello-file")
+SCRIPT = shell_task("printf 'Hello, Harness!\\n' > /app/greeting.txt",
+                    "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", final="Done.")
+KEY = "test-service-key"
+OPTIONS = dict(harness="mini-swe-agent", model="tiny", sampling={"temperature": 1.0},
+               max_tokens=256, max_steps=4, agent_timeout_s=120, verifier_timeout_s=60,
+               max_attempts=1)
+
+
+def _metrics(url: str) -> dict:
+    return httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY}"},
+                     timeout=10).json()
+
+
+def test_broken_connections_neither_lose_nor_repeat_a_rollout(tiny_model_path, tmp_path):
+    breaks = [
+        # the first admission: the service admits and starts it, its 202 never arrives
+        Break("POST", "/v1/rollouts", when="after", how="fin"),
+        # the first poll never reaches the service (a reset, as from a closing keep-alive)
+        Break("GET", "/v1/rollouts/", when="before", how="rst"),
+        # an answer that hands a result over is lost after the service let go of it (from the
+        # second poll on: the first one's repeat is the same poll, whose one repeat is spent)
+        Break("GET", "/v1/rollouts/", nth=2, when="done", how="fin"),
+    ]
+    with ScriptedEngine(tiny_model_path, SCRIPT) as engine:
+        service = start_service(engine.url, tmp_path / "s", tasks=HELLO, key=KEY)
+        parts = urlsplit(service.url)
+        relay = DropRelay((parts.hostname, parts.port), breaks)
+        client = RemoteSessionFactory([relay.url], KEY, max_concurrent_rollouts=1, **OPTIONS)
+        try:
+            async def two() -> list:
+                return [await asyncio.wait_for(client.rollout(seed=0), 240) for _ in range(2)]
+
+            t0 = time.monotonic()
+            results = asyncio.run(two())
+            took = time.monotonic() - t0
+            metrics = _metrics(service.url)
+        finally:
+            client.close()
+            relay.close()
+            service.stop()
+
+    assert [b.done for b in breaks] == [True, True, True], \
+        f"the relay did not break every request it was told to: {relay.broken}"
+    for r in results:  # both whole: a trace, the verifier's reward
+        assert (r.cause, r.env_reward) == ("ok", 1.0), (r.cause, r.error)
+        assert r.trace is not None and len(r.trace.turns) == 2
+    # The service ran exactly the two rollouts asked for: the admission sent again after its
+    # answer was lost got the same rollout, not a second one.
+    assert metrics["admitted"] == 2 and metrics["rollouts_by_cause"]["ok"] == 2, metrics
+    assert sum(metrics["rollouts_by_cause"].values()) == 2, metrics
+    assert metrics["in_flight"] == 0
+    # Each break cost one request sent again, nothing else: no rollout lost or moved to another
+    # service, and the service never taken for down (that would have cost 30 s of admissions).
+    assert client.pool.resent == 3 and client.lost == 0 and client.retries == 0
+    assert client.counts["ok"] == 2 and client.counts["infra_failure"] == 0
+    assert client.pool.services[0].down_until == 0.0
+    assert took < client.pool.down_s + 60, f"two rollouts took {took:.0f} s"
+    posts = [p for m, p in relay.requests if m == "POST" and p == "/v1/rollouts"]
+    assert len(posts) == 3  # two rollouts, one of them sent twice
+
+
+def test_the_service_keeps_an_idle_connection_past_the_clients_expiry(tiny_model_path,
+                                                                      tmp_path):
+    """httpx's pool keeps an idle connection 5 s; a service that closed it at 5 s too (uvicorn's
+    default) would race the client's next request on it. Here it outlives the client's
+    (harness.serve.KEEP_ALIVE_S)."""
+    with ScriptedEngine(tiny_model_path, SCRIPT) as engine:
+        service = start_service(engine.url, tmp_path / "s", tasks=HELLO, key=KEY)
+        parts = urlsplit(service.url)
+        request = (f"GET /health HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n").encode()
+        try:
+            with socket.create_connection((parts.hostname, parts.port), timeout=30) as conn:
+                answers = []
+                for pause in (0.0, httpx.Limits().keepalive_expiry + 2.0):
+                    time.sleep(pause)
+                    conn.sendall(request)
+                    answers.append(conn.recv(65536))
+        finally:
+            service.stop()
+    assert answers[0].startswith(b"HTTP/1.1 200")
+    assert answers[1].startswith(b"HTTP/1.1 200"), \
+        f"the service closed the idle connection within 7 s: {answers[1]!r}"
