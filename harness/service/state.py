@@ -129,8 +129,8 @@ class RolloutService:
         self.proxy: Any = None  # its CaptureServer
         self.factories: dict[str, Any] = {}
         self.rollouts: dict[str, Job] = {}
-        # A client's request_id -> the rollout id it was given (None while it starts, or when the
-        # start failed): a POST sent again after a dropped connection gets the same rollout.
+        # A client's request_id -> the rollout id it was given (pending while it starts, None
+        # when the start failed): a POST sent again after a dropped connection gets the same one.
         self._requests: dict[str, asyncio.Future[str | None]] = {}
         self.sessions: dict[str, OpenSession] = {}
         self.admitted = 0
