@@ -94,6 +94,26 @@ def test_broken_connections_neither_lose_nor_repeat_a_rollout(tiny_model_path, t
     assert len(posts) == 3  # two rollouts, one of them sent twice
 
 
+def _read_response(conn: socket.socket) -> bytes:
+    """One whole HTTP response (head and its Content-Length body): a response can arrive in
+    several reads, and the next exchange must start after this one's last byte."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data  # closed: b"" when nothing came
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def test_the_service_keeps_an_idle_connection_past_the_clients_expiry(tiny_model_path,
                                                                       tmp_path):
     """httpx's pool keeps an idle connection 5 s; a service that closed it at 5 s too (uvicorn's
@@ -109,9 +129,9 @@ def test_the_service_keeps_an_idle_connection_past_the_clients_expiry(tiny_model
                 for pause in (0.0, httpx.Limits().keepalive_expiry + 2.0):
                     time.sleep(pause)
                     conn.sendall(request)
-                    answers.append(conn.recv(65536))
+                    answers.append(_read_response(conn))
         finally:
             service.stop()
-    assert answers[0].startswith(b"HTTP/1.1 200")
-    assert answers[1].startswith(b"HTTP/1.1 200"), \
+    assert answers[0].startswith(b"HTTP/1.1 200") and answers[0].endswith(b"}"), answers[0]
+    assert answers[1].startswith(b"HTTP/1.1 200") and answers[1].endswith(b"}"), \
         f"the service closed the idle connection within 7 s: {answers[1]!r}"
