@@ -38,10 +38,13 @@ model, sampling, max_tokens, limits); the service keeps one HarborSessionFactory
     GET    /v1/rollouts/{id}?wait_s=N   long poll -> {"done": false} | {"done": true, "result"};
                                         a handed-over result answers polls for a minute more
     DELETE /v1/rollouts/{id}            cancel (if running) and forget
-    POST   /v1/sessions                 {factory, task, seed, episode_id} -> {"id", "task_id"}|429
+    POST   /v1/sessions                 {factory, task, seed, episode_id, request_id}
+                                        -> {"id", "task_id"} | 429; the same request_id again
+                                        gets the same session
     POST   /v1/sessions/{id}/wait       {"timeout_s", "wait_s"} long poll -> {"done", "exit_code"}
     GET    /v1/sessions/{id}/trace      {"trace": TrainingTrace dump, "entries": trace entries}
-    POST   /v1/sessions/{id}/verify     {"transcript"} -> VerifyResult fields
+    POST   /v1/sessions/{id}/verify     {"transcript"} -> VerifyResult fields; graded once, a
+                                        verify sent again gets the same verdict
     DELETE /v1/sessions/{id}            close (sandbox, agent, proxy session), idempotent
 
 Admission: at most `--max-sessions` rollouts plus open sessions at once; beyond that 429 with a
@@ -50,7 +53,8 @@ never buffers an unbounded backlog. A session failure is answered 422 with {"err
 cause, retryable, message}} so the client raises the same `harness.shared.errors` class.
 
 Results: a finished rollout's result stays until the client fetched it (or DELETEs it); results
-nobody fetched are forgotten `--result-ttl-s` after they finished.
+nobody fetched are forgotten `--result-ttl-s` after they finished, and a session no client called
+for `--result-ttl-s` is closed (its client gone), so neither holds memory or a slot for good.
 """
 
 from __future__ import annotations
@@ -122,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="the capture proxy's per-call log lives here")
     p.add_argument("--ready-file", default=None,
                    help="write {url, key} here once serving (0600; its folder must be 0700)")
-    p.add_argument("--result-ttl-s", type=float, default=3600.0)
+    p.add_argument("--result-ttl-s", type=float, default=3600.0,
+                   help="forget a finished rollout's result nobody fetched, and close a session "
+                        "nobody called, after this many seconds")
     p.add_argument("--sandbox", default="local",
                    help="the sandboxes the capture proxy is exposed to (a remote one needs "
                         "--proxy-public-url or --proxy-tunnel)")

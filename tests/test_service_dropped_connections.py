@@ -26,6 +26,7 @@ import pytest
 
 from harness.audit.scripted_engine import ScriptedEngine, shell_task
 from harness.client.remote import RemoteSessionFactory
+from harness.service.state import OpenSession, RolloutService
 from harness.tasks import BUNDLED_DIR
 from tests.helpers.drop_relay import Break, DropRelay
 from tests.helpers.service import start_service
@@ -135,3 +136,114 @@ def test_the_service_keeps_an_idle_connection_past_the_clients_expiry(tiny_model
     assert answers[0].startswith(b"HTTP/1.1 200") and answers[0].endswith(b"}"), answers[0]
     assert answers[1].startswith(b"HTTP/1.1 200") and answers[1].endswith(b"}"), \
         f"the service closed the idle connection within 7 s: {answers[1]!r}"
+
+
+def test_a_sessions_broken_connections_neither_lose_it_nor_make_or_grade_a_second(
+        tiny_model_path, tmp_path):
+    """The OpenEnv session surface (TRL's HarnessRolloutWorker's, `RemoteSession`) across the
+    same breaks: a create whose answer is lost (a second session would hold a slot nobody
+    closes), a wait reset on the way, a verify whose answer is lost (sent again, it would run
+    the verifier a second time on a graded sandbox), a trace and a close reset on the way."""
+    breaks = [
+        Break("POST", "/v1/sessions$", when="after", how="fin"),
+        Break("POST", "/v1/sessions/[0-9a-f]+/wait", when="before", how="rst"),
+        Break("GET", "/v1/sessions/[0-9a-f]+/trace", when="before", how="rst"),
+        Break("POST", "/v1/sessions/[0-9a-f]+/verify", when="after", how="fin"),
+        Break("DELETE", "/v1/sessions/[0-9a-f]+$", when="before", how="rst"),
+    ]
+    with ScriptedEngine(tiny_model_path, SCRIPT) as engine:
+        service = start_service(engine.url, tmp_path / "s", tasks=HELLO, key=KEY)
+        relay = DropRelay((urlsplit(service.url).hostname, urlsplit(service.url).port), breaks)
+        client = RemoteSessionFactory([relay.url], KEY, max_concurrent_rollouts=1, **OPTIONS)
+        try:
+            session = client.create(seed=0)
+            while_open = _metrics(service.url)
+            assert session.wait_for_completion() == 0
+            trace = session.fetch_training_trace()
+            verdict = session.verify()
+            session.close()
+            metrics = _metrics(service.url)
+        finally:
+            client.close()
+            relay.close()
+            service.stop()
+
+    assert [b.done for b in breaks] == [True] * 5, \
+        f"the relay did not break every request it was told to: {relay.broken}"
+    assert while_open["open_sessions"] == 1 and while_open["admitted"] == 1, while_open
+    assert len(trace.turns) == 2 and verdict.env_reward == 1.0, verdict
+    assert metrics["sessions_graded"] == 1, metrics  # the verify sent again got the one verdict
+    assert metrics["open_sessions"] == 0 and metrics["in_flight"] == 0, metrics
+    assert client.pool.resent == 5 and client.retries == 0
+    assert client.pool.services[0].down_until == 0.0
+    creates = [p for m, p in relay.requests if m == "POST" and p == "/v1/sessions"]
+    assert len(creates) == 2  # one session, its create sent twice
+
+
+def test_a_session_no_client_calls_is_closed_after_the_result_ttl(tiny_model_path, tmp_path):
+    """A session whose client went away (or whose create's answer never arrived and was not
+    sent again) would hold one of the service's slots until it stops; a session no client called
+    for --result-ttl-s is closed, while one whose client is in a long poll is not."""
+    ttl = 4.0
+    with ScriptedEngine(tiny_model_path, SCRIPT) as engine:
+        service = start_service(engine.url, tmp_path / "s", tasks=HELLO, key=KEY,
+                                extra_args=["--result-ttl-s", str(ttl)])
+        client = RemoteSessionFactory([service.url], KEY, max_concurrent_rollouts=2, **OPTIONS)
+        try:
+            left = client.create(seed=0)  # never called again
+            kept = client.create(seed=0)
+            # kept's client waits in long polls (each longer than the ttl) until its agent ends
+            assert kept.wait_for_completion() == 0
+            time.sleep(ttl + 1)
+            assert _metrics(service.url)["open_sessions"] == 2  # nothing swept them yet
+            kept_verdict = kept.verify()  # a call: kept is its client's again
+            third = client.create(seed=0)  # an admission sweeps: left is closed
+            deadline = time.monotonic() + 60
+            while _metrics(service.url)["open_sessions"] != 2 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            metrics = _metrics(service.url)
+            with pytest.raises(Exception, match="no longer knows"):
+                left.fetch_training_trace()
+            kept.close()
+            third.close()
+            after = _metrics(service.url)
+        finally:
+            client.close()
+            service.stop()
+    assert kept_verdict.env_reward == 1.0
+    assert metrics["open_sessions"] == 2, metrics  # kept and third; left closed
+    assert after["open_sessions"] == 0 and after["in_flight"] == 0, after
+    assert "no client called it for 4 s" in service.log.read_text()
+
+
+def test_a_session_whose_client_is_in_a_long_poll_is_not_taken_for_abandoned():
+    """The sweep's other half, on the service's state alone: a session whose last call ended
+    longer than the ttl ago but whose client is in a call now (a long poll outlasting the ttl)
+    stays open; once the call ends it is its client's for another ttl."""
+    closed: list[str] = []
+
+    class Session:  # what the sweep calls on a HarborSession
+        task_id = "t"
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def a_close(self) -> None:
+            closed.append(self.name)
+
+    async def scenario() -> None:
+        service = RolloutService("http://127.0.0.1:1", key="k", result_ttl_s=10.0)
+        for sid in ("polling", "gone"):
+            service.sessions[sid] = OpenSession(Session(sid))
+            service.sessions[sid].called -= 11.0  # last call ended 11 s ago
+        with service.using_session("polling"):
+            service.sessions["polling"].called -= 11.0  # a poll open past the ttl
+            assert service.admit() is None  # an admission sweeps
+            await asyncio.sleep(0)
+            await asyncio.gather(*service._closing.values())
+        assert closed == ["gone"] and set(service.sessions) == {"polling"}
+        assert service.admit() is None  # the poll just ended: not stale
+        await asyncio.sleep(0)
+        assert closed == ["gone"] and set(service.sessions) == {"polling"}
+
+    asyncio.run(scenario())

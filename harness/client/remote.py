@@ -235,9 +235,11 @@ class RemoteSessionFactory:
     def create(self, task: Any = None, seed: int | None = None,
                episode_id: str | None = None) -> RemoteSession:
         """A started session on the least-loaded service (start-up infra failures retried)."""
+        # request_id: as a rollout's admission (a create whose answer was lost, sent again,
+        # gets the session it started rather than a second one holding a slot unclaimed).
         body = {"factory": self.options, "task": _task_name(task), "seed": seed,
                 "episode_id": episode_id, "weight_version": self.pool.weight_version,
-                "weight_model": self.pool.weight_model}
+                "weight_model": self.pool.weight_model, "request_id": uuid.uuid4().hex}
         deadline = time.monotonic() + self.admission_timeout_s
         attempt = 0
         while True:
@@ -250,7 +252,8 @@ class RemoteSessionFactory:
                 continue
             try:
                 try:
-                    r = self.pool.client.post(f"{service.url}/v1/sessions", json=body)
+                    r = self.pool.resend_once_sync(lambda url=service.url: self.pool.client.post(
+                        f"{url}/v1/sessions", json=body))
                 except httpx.TransportError as exc:
                     self.pool.mark_down(service, exc)
                     error: HarnessError = ServiceLostError(f"{service.url}: {exc!r}")

@@ -94,8 +94,8 @@ class RemoteSession:
                     method, self.url + path,
                     timeout=httpx.Timeout(POLL_S + 30.0, connect=5.0), **kwargs)
 
-            # A verify runs the verifier again if sent twice: it alone is not resent.
-            r = await (send() if path == "/verify" else self.pool.resend_once(send))
+            # Each is safe to send twice: a verify sent again gets the service's one verdict.
+            r = await self.pool.resend_once(send)
         except httpx.TransportError as exc:
             self.pool.mark_down(self.service, exc)
             raise ServiceLostError(f"rollout service {self.service.url} died mid-session "

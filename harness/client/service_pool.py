@@ -104,16 +104,28 @@ class ServicePool:
     async def resend_once(self, send: Callable[[], Awaitable[httpx.Response]]
                           ) -> httpx.Response:
         """`await send()`, and once more when its connection dropped (DROPPED). Only for a
-        request that is safe to repeat: a GET, a long poll, a rollout's admission (its
-        request_id makes the service answer a repeat with the same rollout)."""
+        request that is safe to repeat: a GET, a long poll, a session's verify (the service
+        grades a session once), a POST carrying a request_id (the service answers a repeat with
+        the rollout or session the first one started)."""
         try:
             return await send()
         except DROPPED as exc:
-            with self._lock:
-                self.resent += 1
-            log.info("connection dropped under a request (%s: %s); sending it again",
-                     type(exc).__name__, exc)
+            self._count_resent(exc)
             return await send()
+
+    def resend_once_sync(self, send: Callable[[], httpx.Response]) -> httpx.Response:
+        """`resend_once` for the sync client."""
+        try:
+            return send()
+        except DROPPED as exc:
+            self._count_resent(exc)
+            return send()
+
+    def _count_resent(self, exc: httpx.TransportError) -> None:
+        with self._lock:
+            self.resent += 1
+        log.info("connection dropped under a request (%s: %s); sending it again",
+                 type(exc).__name__, exc)
 
     def release(self, service: Service) -> None:
         with self._lock:

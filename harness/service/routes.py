@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import uuid
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,7 +20,6 @@ from starlette.routing import Route
 
 from harness.service.state import (
     BadRequest,
-    OpenSession,
     RolloutService,
     error_reply,
     failure_reply,
@@ -111,7 +109,7 @@ async def list_tasks(request: Request, s: RolloutService, body: dict) -> Respons
 
 
 async def create_rollout(request: Request, s: RolloutService, body: dict) -> Response:
-    known = await s.admitted_rollout(body.get("request_id"))
+    known = await s.already_started(body.get("request_id"))
     if known is not None:  # sent again after its answer was lost: the same rollout, no second
         return JSONResponse({"id": known}, 202)
     busy = s.admit()
@@ -143,39 +141,28 @@ async def delete_rollout(request: Request, s: RolloutService, body: dict) -> Res
 
 
 async def create_session(request: Request, s: RolloutService, body: dict) -> Response:
+    known = await s.already_started(body.get("request_id"))
+    held = s.sessions.get(known) if known is not None else None
+    if held is not None and held.session is not None:  # sent again after its answer was lost
+        return JSONResponse({"id": known, "task_id": held.session.task_id})
     busy = s.admit()
     if busy is not None:
         return busy
-    sid = uuid.uuid4().hex
-    s.sessions[sid] = OpenSession(None)  # holds its slot while it starts
     try:
-        await s.catch_up(body)
-        factory = await s.factory(body.get("factory") or {})
-        session = await factory.a_create(body.get("task"), seed=body.get("seed"),
-                                         episode_id=body.get("episode_id"))
+        sid, session = await s.start_session(body)
     except BadRequest:
-        del s.sessions[sid]
         raise
     except Exception as exc:
-        del s.sessions[sid]
         return failure_reply(exc)
-    s.sessions[sid].session = session
     return JSONResponse({"id": sid, "task_id": session.task_id})
 
 
-def _open(s: RolloutService, request: Request) -> OpenSession:
-    sid = request.path_params["sid"]
-    held = s.sessions.get(sid)
-    if held is None or held.session is None:
-        raise KeyError(f"session {sid}")
-    return held
-
-
 async def wait_session(request: Request, s: RolloutService, body: dict) -> Response:
-    held = _open(s, request)
-    if held.waiter is None:
-        held.waiter = asyncio.create_task(held.session.a_wait_for_completion(body.get("timeout_s")))
-    await asyncio.wait({held.waiter}, timeout=_wait_s(body.get("wait_s")))
+    with s.using_session(request.path_params["sid"]) as held:
+        if held.waiter is None:
+            held.waiter = asyncio.create_task(
+                held.session.a_wait_for_completion(body.get("timeout_s")))
+        await asyncio.wait({held.waiter}, timeout=_wait_s(body.get("wait_s")))
     if not held.waiter.done():
         return JSONResponse({"done": False})
     exc = held.waiter.exception()
@@ -186,34 +173,32 @@ async def wait_session(request: Request, s: RolloutService, body: dict) -> Respo
 
 
 async def session_trace(request: Request, s: RolloutService, body: dict) -> Response:
-    held = _open(s, request)
-    try:
-        trace = await held.session.a_fetch_training_trace()
-    except Exception as exc:
-        return failure_reply(exc)
+    with s.using_session(request.path_params["sid"]) as held:
+        try:
+            trace = await held.session.a_fetch_training_trace()
+        except Exception as exc:
+            return failure_reply(exc)
     return JSONResponse({"trace": trace.model_dump(mode="json"),
                          "entries": trace.to_trace_entries()})
 
 
 async def verify_session(request: Request, s: RolloutService, body: dict) -> Response:
-    held = _open(s, request)
-    try:
-        verdict = await held.session.a_verify(body.get("transcript"))
-    except Exception as exc:
+    with s.using_session(request.path_params["sid"]) as held:
+        if held.verdict is None:  # graded once: a verify sent again gets this same verdict
+            s.sessions_graded += 1
+            held.verdict = asyncio.create_task(held.session.a_verify(body.get("transcript")))
+        await asyncio.wait({held.verdict})
+    exc = held.verdict.exception()
+    if exc is not None:
         return failure_reply(exc)
+    verdict = held.verdict.result()
     return JSONResponse({"env_reward": verdict.env_reward, "done": verdict.done,
                          "metrics": verdict.metrics, "artifacts": verdict.artifacts})
 
 
 async def close_session(request: Request, s: RolloutService, body: dict) -> Response:
-    sid = request.path_params["sid"]
-    held = s.sessions.get(sid)
-    if held is not None and held.session is not None:
-        if held.waiter is not None and not held.waiter.done():
-            held.waiter.cancel()
-        await held.session.a_close()
-        s.sessions.pop(sid, None)
-    return JSONResponse({"closed": sid})
+    await s.close_session(request.path_params["sid"])
+    return JSONResponse({"closed": request.path_params["sid"]})
 
 
 def create_app(service: RolloutService) -> Starlette:

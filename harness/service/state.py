@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 
 from harness.shared.errors import CAUSES, HarnessError, cause_of
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FACTORY_OPTIONS", "HANDED_GRACE_S", "BadRequest", "Job", "OpenSession",
            "RolloutService", "error_reply", "failure_reply", "result_json"]
@@ -97,8 +101,14 @@ class Job:
 
 @dataclass
 class OpenSession:
-    session: Any  # HarborSession
+    session: Any  # HarborSession; None while it starts
+    request_id: str | None = None  # the client's id for its create (a resend sends it again)
     waiter: asyncio.Task[int] | None = None
+    calls: int = 0  # its client's calls open now (a long poll)
+    called: float = field(default_factory=time.monotonic)  # when its client's last call ended
+    # The one grading of this session: a verify sent again (its answer lost with a connection)
+    # waits for the same verdict instead of running the verifier a second time.
+    verdict: asyncio.Task[Any] | None = None
 
 
 class RolloutService:
@@ -129,12 +139,15 @@ class RolloutService:
         self.proxy: Any = None  # its CaptureServer
         self.factories: dict[str, Any] = {}
         self.rollouts: dict[str, Job] = {}
-        # A client's request_id -> the rollout id it was given (pending while it starts, None
-        # when the start failed): a POST sent again after a dropped connection gets the same one.
+        # A client's request_id -> the rollout or session id it was given (pending while it
+        # starts, None when the start failed): a POST sent again after a dropped connection gets
+        # the same one.
         self._requests: dict[str, asyncio.Future[str | None]] = {}
         self.sessions: dict[str, OpenSession] = {}
+        self._closing: dict[str, asyncio.Task[None]] = {}  # abandoned sessions being closed
         self.admitted = 0
         self.rejected = 0
+        self.sessions_graded = 0  # verifier runs asked through sessions (one per session)
         self.starting = 0  # admitted, its factory still being made: holds its slot
         self.durations: list[float] = []  # seconds of each finished rollout, for Retry-After
         self._factory_lock = asyncio.Lock()
@@ -156,8 +169,9 @@ class RolloutService:
         for job in list(self.rollouts.values()):
             job.task.cancel()
         await asyncio.gather(*(j.task for j in self.rollouts.values()), return_exceptions=True)
-        await asyncio.gather(*(s.session.a_close() for s in self.sessions.values()),
-                             return_exceptions=True)
+        await asyncio.gather(*self._closing.values(), return_exceptions=True)
+        await asyncio.gather(*(s.session.a_close() for s in self.sessions.values()
+                               if s.session is not None), return_exceptions=True)
         for factory in self.factories.values():
             with contextlib.suppress(Exception):
                 await factory.aclose()
@@ -194,6 +208,21 @@ class RolloutService:
             if (job.handed is not None and now - job.handed > HANDED_GRACE_S) or \
                     (job.finished is not None and now - job.finished > self.result_ttl_s):
                 self.forget(rid)
+        # A session no client called for result_ttl_s was left behind (a client that died, or a
+        # create whose answer never arrived): closed, so it does not hold its slot for good.
+        for sid, held in list(self.sessions.items()):
+            if held.session is not None and held.calls == 0 \
+                    and now - held.called > self.result_ttl_s and sid not in self._closing:
+                self._closing[sid] = asyncio.create_task(self._close_abandoned(sid))
+
+    async def _close_abandoned(self, sid: str) -> None:
+        log.warning("closing session %s: no client called it for %.0f s", sid, self.result_ttl_s)
+        try:
+            await self.close_session(sid)
+        except Exception as exc:  # its sandbox is gone with it either way
+            log.warning("closing abandoned session %s failed: %r", sid, exc)
+        finally:
+            self._closing.pop(sid, None)
 
     def forget(self, rid: str) -> Job | None:
         """Drop a rollout and its client's request id (a later retry of it starts nothing)."""
@@ -208,9 +237,9 @@ class RolloutService:
         if job is not None and job.handed is None:
             job.handed = time.monotonic()
 
-    async def admitted_rollout(self, request_id: Any) -> str | None:
-        """The rollout a client's earlier POST with this `request_id` was given, or None: the
-        POST's answer was lost with its connection, and the client sends it again."""
+    async def already_started(self, request_id: Any) -> str | None:
+        """The rollout or session a client's earlier POST with this `request_id` was given, or
+        None: the POST's answer was lost with its connection, and the client sends it again."""
         pending = self._requests.get(request_id) if isinstance(request_id, str) else None
         return None if pending is None else await asyncio.shield(pending)
 
@@ -269,12 +298,23 @@ class RolloutService:
         async with AsyncCaptureClient(self.proxy.admin_url, self.proxy.admin_key) as capture:
             await capture.set_weight_version(version, model, retired=retired)
 
-    async def start_rollout(self, body: dict[str, Any]) -> str:
-        """Start an admitted rollout (its slot was taken by `admit()`, held while starting)."""
+    def _expect(self, body: dict[str, Any]) -> tuple[str | None, asyncio.Future[str | None]]:
+        """Register a POST's request_id before any await: a resend arriving while this one
+        starts waits for its id (set_result) instead of starting a second one."""
         request_id = body.get("request_id") if isinstance(body.get("request_id"), str) else None
         started: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        if request_id is not None:  # before any await: a retry arriving now waits for this one
+        if request_id is not None:
             self._requests[request_id] = started
+        return request_id, started
+
+    def _start_failed(self, request_id: str | None, started: asyncio.Future[str | None]) -> None:
+        if request_id is not None:
+            self._requests.pop(request_id, None)
+        started.set_result(None)  # a resend waiting on it is admitted on its own
+
+    async def start_rollout(self, body: dict[str, Any]) -> str:
+        """Start an admitted rollout (its slot was taken by `admit()`, held while starting)."""
+        request_id, started = self._expect(body)
         self.starting += 1
         try:
             await self.catch_up(body)
@@ -284,9 +324,7 @@ class RolloutService:
             except ValueError as exc:
                 raise BadRequest(str(exc)) from exc
         except BaseException:
-            if request_id is not None:
-                self._requests.pop(request_id, None)
-            started.set_result(None)  # a retry waiting on it is admitted on its own
+            self._start_failed(request_id, started)
             raise
         finally:
             self.starting -= 1
@@ -303,6 +341,50 @@ class RolloutService:
 
         job.task.add_done_callback(finished)
         return rid
+
+    async def start_session(self, body: dict[str, Any]) -> tuple[str, Any]:
+        """Start an admitted session (its slot was taken by `admit()`, held while starting)."""
+        request_id, started = self._expect(body)
+        sid = uuid.uuid4().hex
+        held = self.sessions[sid] = OpenSession(None, request_id)  # holds its slot meanwhile
+        try:
+            await self.catch_up(body)
+            factory = await self.factory(body.get("factory") or {})
+            held.session = await factory.a_create(body.get("task"), seed=body.get("seed"),
+                                                  episode_id=body.get("episode_id"))
+        except BaseException:
+            del self.sessions[sid]
+            self._start_failed(request_id, started)
+            raise
+        started.set_result(sid)
+        return sid, held.session
+
+    @contextlib.contextmanager
+    def using_session(self, sid: str) -> Iterator[OpenSession]:
+        """A started session for one call: a session with a call open, or called within
+        result_ttl_s, is its client's; any other was left behind and is closed (_forget_stale)."""
+        held = self.sessions.get(sid)
+        if held is None or held.session is None:
+            raise KeyError(f"session {sid}")
+        held.calls += 1
+        try:
+            yield held
+        finally:
+            held.calls -= 1
+            held.called = time.monotonic()
+
+    async def close_session(self, sid: str) -> None:
+        held = self.sessions.get(sid)
+        if held is None or held.session is None:
+            return  # closed already, or still starting (its start owns it)
+        if held.waiter is not None and not held.waiter.done():
+            held.waiter.cancel()
+        try:
+            await held.session.a_close()
+        finally:
+            self.sessions.pop(sid, None)
+            if held.request_id is not None:
+                self._requests.pop(held.request_id, None)
 
     def counts(self) -> dict[str, int]:
         total = dict.fromkeys(CAUSES, 0)
@@ -323,6 +405,7 @@ class RolloutService:
             "results_held": sum(1 for j in self.rollouts.values()
                                 if j.finished is not None and j.handed is None),
             "open_sessions": len(self.sessions),
+            "sessions_graded": self.sessions_graded,
             "rollout_s_mean": sum(recent) / len(recent) if recent else None,
             "factories": len(self.factories),
             "weight_version": self.proxy.state.weight_version,  # what its proxy stamps on calls

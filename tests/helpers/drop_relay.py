@@ -9,7 +9,8 @@ decides which answers arrive.
 
 One request per connection: the relay reads a request, forwards it with `Connection: close`
 on a fresh connection to the server, and relays the answer, whose server then closes. A `Break`
-matches a request by method and path prefix, and its n-th match is broken:
+matches a request by method and path (a regular expression matched from the path's start), and
+its n-th match is broken:
 - when="before": the connection closes with the request unsent;
 - when="after": the request is sent, and the connection closes without its answer;
 - when="done": as "after", on the first matching answer that carries `"done":true`;
@@ -18,6 +19,7 @@ with a FIN (how="fin": httpx reads a RemoteProtocolError) or a reset (how="rst":
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import threading
@@ -29,7 +31,7 @@ __all__ = ["Break", "DropRelay"]
 @dataclass
 class Break:
     method: str
-    path: str  # a prefix
+    path: str  # a regular expression, matched from the path's start (re.match)
     nth: int = 1  # the n-th request that matches (for "done": the first done answer from it)
     when: str = "before"  # "before" | "after" | "done"
     how: str = "fin"  # "fin" | "rst"
@@ -82,7 +84,7 @@ class DropRelay:
         with self._lock:
             self.requests.append((method, path))
             for b in self.breaks:
-                if b.done or b.method != method or not path.startswith(b.path):
+                if b.done or b.method != method or not re.match(b.path, path):
                     continue
                 b.seen += 1
                 if b.seen >= b.nth:

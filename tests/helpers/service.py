@@ -10,5 +10,6 @@ __all__ = ["LocalService", "start_service"]
 
 
 def start_service(engine_url: str, workdir: Path, *, tasks: str, key: str,
-                  max_sessions: int = 4) -> LocalService:
-    return spawn_service(engine_url, workdir, key=key, tasks=tasks, max_sessions=max_sessions)
+                  max_sessions: int = 4, extra_args: list[str] | None = None) -> LocalService:
+    return spawn_service(engine_url, workdir, key=key, tasks=tasks, max_sessions=max_sessions,
+                         extra_args=extra_args)
