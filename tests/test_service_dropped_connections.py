@@ -12,6 +12,8 @@ is closing meets), and after the service did the work (its answer lost on the wa
 Before this was handled, the first break of each kind cost the whole service `down_s` (30 s) of
 no admissions, a dropped admission's answer started the rollout twice, and a dropped poll wrote
 off a rollout the service was running well as lost (an infra failure, its engine time wasted).
+On the session surface a dropped create's answer left a session holding a slot until the service
+stopped, and a verify could not be sent again (the verifier would have run twice).
 """
 
 from __future__ import annotations
@@ -143,8 +145,10 @@ def test_a_sessions_broken_connections_neither_lose_it_nor_make_or_grade_a_secon
     """The OpenEnv session surface (TRL's HarnessRolloutWorker's, `RemoteSession`) across the
     same breaks: a create whose answer is lost (a second session would hold a slot nobody
     closes), a wait reset on the way, a verify whose answer is lost (sent again, it would run
-    the verifier a second time on a graded sandbox), a trace and a close reset on the way."""
+    the verifier a second time on a graded sandbox), a trace and a close reset on the way; and
+    the trainer's weight version push, its answer lost."""
     breaks = [
+        Break("POST", "/v1/weight_version", when="after", how="fin"),
         Break("POST", "/v1/sessions$", when="after", how="fin"),
         Break("POST", "/v1/sessions/[0-9a-f]+/wait", when="before", how="rst"),
         Break("GET", "/v1/sessions/[0-9a-f]+/trace", when="before", how="rst"),
@@ -156,6 +160,7 @@ def test_a_sessions_broken_connections_neither_lose_it_nor_make_or_grade_a_secon
         relay = DropRelay((urlsplit(service.url).hostname, urlsplit(service.url).port), breaks)
         client = RemoteSessionFactory([relay.url], KEY, max_concurrent_rollouts=1, **OPTIONS)
         try:
+            client.set_weight_version(3)
             session = client.create(seed=0)
             while_open = _metrics(service.url)
             assert session.wait_for_completion() == 0
@@ -168,13 +173,14 @@ def test_a_sessions_broken_connections_neither_lose_it_nor_make_or_grade_a_secon
             relay.close()
             service.stop()
 
-    assert [b.done for b in breaks] == [True] * 5, \
+    assert [b.done for b in breaks] == [True] * 6, \
         f"the relay did not break every request it was told to: {relay.broken}"
     assert while_open["open_sessions"] == 1 and while_open["admitted"] == 1, while_open
     assert len(trace.turns) == 2 and verdict.env_reward == 1.0, verdict
+    assert {t.metadata["weight_version_start"] for t in trace.turns} == {3}
     assert metrics["sessions_graded"] == 1, metrics  # the verify sent again got the one verdict
     assert metrics["open_sessions"] == 0 and metrics["in_flight"] == 0, metrics
-    assert client.pool.resent == 5 and client.retries == 0
+    assert client.pool.resent == 6 and client.retries == 0
     assert client.pool.services[0].down_until == 0.0
     creates = [p for m, p in relay.requests if m == "POST" and p == "/v1/sessions"]
     assert len(creates) == 2  # one session, its create sent twice

@@ -105,7 +105,7 @@ class ServicePool:
                           ) -> httpx.Response:
         """`await send()`, and once more when its connection dropped (DROPPED). Only for a
         request that is safe to repeat: a GET, a long poll, a session's verify (the service
-        grades a session once), a POST carrying a request_id (the service answers a repeat with
+        grades a session once), a weight version (set exactly), a POST carrying a request_id (the service answers a repeat with
         the rollout or session the first one started)."""
         try:
             return await send()
@@ -156,8 +156,11 @@ class ServicePool:
                                 **({"retired": retired} if retired else {})}
         for s in self.services:
             try:
-                r = self._sync.post(f"{s.url}/v1/weight_version", json=body,
-                                    timeout=httpx.Timeout(10.0, connect=2.0))
+                # It sets the version exactly: safe to send again when its connection dropped
+                # (else a service that is up would be avoided for down_s and miss `retired`).
+                r = self.resend_once_sync(lambda url=s.url: self._sync.post(
+                    f"{url}/v1/weight_version", json=body,
+                    timeout=httpx.Timeout(10.0, connect=2.0)))
                 r.raise_for_status()
             except httpx.HTTPError as exc:
                 self.mark_down(s, exc)
