@@ -189,7 +189,8 @@ def test_a_sessions_broken_connections_neither_lose_it_nor_make_or_grade_a_secon
 def test_a_session_no_client_calls_is_closed_after_the_result_ttl(tiny_model_path, tmp_path):
     """A session whose client went away (or whose create's answer never arrived and was not
     sent again) would hold one of the service's slots until it stops; a session no client called
-    for --result-ttl-s is closed, while one whose client is in a long poll is not."""
+    for --result-ttl-s is closed, while one called since is not (one in a long poll: the next
+    test)."""
     ttl = 4.0
     with ScriptedEngine(tiny_model_path, SCRIPT) as engine:
         service = start_service(engine.url, tmp_path / "s", tasks=HELLO, key=KEY,
@@ -198,7 +199,6 @@ def test_a_session_no_client_calls_is_closed_after_the_result_ttl(tiny_model_pat
         try:
             left = client.create(seed=0)  # never called again
             kept = client.create(seed=0)
-            # kept's client waits in long polls (each longer than the ttl) until its agent ends
             assert kept.wait_for_completion() == 0
             time.sleep(ttl + 1)
             assert _metrics(service.url)["open_sessions"] == 2  # nothing swept them yet
