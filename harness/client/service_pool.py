@@ -105,8 +105,8 @@ class ServicePool:
                           ) -> httpx.Response:
         """`await send()`, and once more when its connection dropped (DROPPED). Only for a
         request that is safe to repeat: a GET, a long poll, a session's verify (the service
-        grades a session once), a weight version (set exactly), a POST carrying a request_id (the service answers a repeat with
-        the rollout or session the first one started)."""
+        grades a session once), a weight version (set exactly), a POST carrying a request_id
+        (the service answers a repeat with the rollout or session the first one started)."""
         try:
             return await send()
         except DROPPED as exc:
