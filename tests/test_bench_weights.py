@@ -100,3 +100,23 @@ def test_hybrids_with_the_bases_weights_draw_the_bases_samples(base, tmp_path):
         assert data["groups"][group]["taken_alone"] == data["base"]
         assert data["groups"][group]["put_back"] == data["run"]
     assert data["base"]["n"] == 12  # every dev instruction, one sample each
+
+
+def test_changes_only_measures_the_whole_model_and_each_group_without_probing(base, tmp_path):
+    # Two groups scaled: the whole model's change is over both together, each group's its own,
+    # and the rest read 0; nothing is probed (no capture, no agent), so it runs in seconds.
+    run = _perturbed(_perturbed(base, "layer 1 mlp", scale=1.1), "norms", scale=1.2)
+    run.save_pretrained(tmp_path / "run" / "trainer" / "model")
+    moved = weights.changes(committed_lookup_model(), [tmp_path / "run"])[str(tmp_path / "run")]
+    by_group = weights.groups(base)
+    assert set(moved) == GROUPS | {"all"}
+    assert moved["layer 1 mlp"] == pytest.approx(0.1)
+    assert moved["norms"] == pytest.approx(0.2)
+    for group in GROUPS - {"layer 1 mlp", "norms"}:
+        assert moved[group] == 0.0
+    params = dict(base.named_parameters())
+    sq = lambda names: sum(float((params[n] ** 2).sum()) for n in names)  # noqa: E731
+    whole = sq(n for names in by_group.values() for n in names)
+    expected = ((0.01 * sq(by_group["layer 1 mlp"]) + 0.04 * sq(by_group["norms"])) / whole) ** 0.5
+    assert moved["all"] == pytest.approx(expected, rel=1e-4)
+    assert 0 < moved["all"] < 0.2

@@ -1,7 +1,7 @@
 """Which weights carry a trained model's change? Swap groups of tensors with the warm start.
 
     .venv/bin/python bench/learning/weights.py RUN [RUN ...] [--base MODEL] [--samples 16]
-                                               [--out FILE.json]
+                                               [--changes-only] [--out FILE.json]
 
 Why: a run's pass rate says how far the policy moved, not where. Under shuffled rewards the
 lookup warm start's copy falls by up to 27 points (docs/learning.md); whether that lives in the
@@ -10,7 +10,9 @@ or in the layers (the copy itself damaged) decides what could hold it. Per group
 (the embeddings, each layer's attention, each layer's MLP, the norms) this prints the relative
 change ||run - base|| / ||base||, the probe of the run with that group put back to the base's,
 and of the base with that group taken from the run. A group that carries the change moves
-both: putting it back undoes the run, taking it alone reproduces it.
+both: putting it back undoes the run, taking it alone reproduces it. `--changes-only` prints the
+relative changes alone (the whole model's too) in seconds, without probing: how far a shuffled
+run moved against a real one is the figure docs/learning.md's rollout arithmetic rests on.
 
 RUN is a harness.train output folder (its trainer/model) or an HF model folder; `--base` is the
 model the run started from (default: the committed lookup warm start). The probe is
@@ -80,6 +82,33 @@ def with_tensors(into: Any, source: Any, names: list[str]) -> Any:
     return out
 
 
+def load_runs(base_dir: Path, run_dirs: list[Path]) -> tuple[Any, dict[Path, Any]]:
+    """The base and each run's model; a run whose tensors are not the base's is refused."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)  # noqa: E731
+    shapes = lambda m: {n: tuple(t.shape) for n, t in m.named_parameters()}  # noqa: E731
+    base, runs = load(base_dir), {}
+    for run_dir in run_dirs:
+        runs[run_dir] = load(model_dir(run_dir))
+        if shapes(runs[run_dir]) != shapes(base):
+            raise SystemExit(f"{run_dir}: its tensors are not {base_dir}'s; give --base the "
+                             "model the run started from")
+    return base, runs
+
+
+def changes(base_dir: Path, run_dirs: list[Path]) -> dict[str, dict[str, float]]:
+    """Per run: the whole model's relative change ("all") and each group's; nothing probed."""
+    base, runs = load_runs(base_dir, run_dirs)
+    by_group = groups(base)
+    every = [name for names in by_group.values() for name in names]
+    return {str(run_dir): {"all": relative_change(base, run, every),
+                           **{group: relative_change(base, run, names)
+                              for group, names in by_group.items()}}
+            for run_dir, run in runs.items()}
+
+
 def model_dir(path: Path) -> Path:
     for candidate in (path / "trainer" / "model", path):
         if (candidate / "config.json").is_file():
@@ -95,25 +124,18 @@ def _log(message: str) -> None:
 def ablate(base_dir: Path, run_dirs: list[Path], samples: int,
            log: Any = _log) -> dict[str, dict]:
     """Per run: each group's relative change and the probes of the two hybrids per group."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from harness.warm.lookup import probe_models
 
-    load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)  # noqa: E731
-    base = load(base_dir)
+    base, runs = load_runs(base_dir, run_dirs)
     tok = AutoTokenizer.from_pretrained(base_dir)
     by_group = groups(base)
-    models, changes = {"base": base}, {}
-    for run_dir in run_dirs:  # every model probed on one capture, the base once
-        run = load(model_dir(run_dir))
-        shapes = lambda m: {n: tuple(t.shape) for n, t in m.named_parameters()}  # noqa: E731
-        if shapes(run) != shapes(base):
-            raise SystemExit(f"{run_dir}: its tensors are not {base_dir}'s; give --base the "
-                             "model the run started from")
+    models, moved = {"base": base}, {}
+    for run_dir, run in runs.items():  # every model probed on one capture, the base once
         models[f"{run_dir}: run"] = run
         for group, names in by_group.items():
-            changes[run_dir, group] = relative_change(base, run, names)
+            moved[run_dir, group] = relative_change(base, run, names)
             models[f"{run_dir}: {group} put back"] = with_tensors(run, base, names)
             models[f"{run_dir}: {group} from the run"] = with_tensors(base, run, names)
     log(f"{len(models)} models to probe")
@@ -122,7 +144,7 @@ def ablate(base_dir: Path, run_dirs: list[Path], samples: int,
     for run_dir in run_dirs:
         report[str(run_dir)] = {
             "base": rates["base"], "run": rates[f"{run_dir}: run"],
-            "groups": {group: {"change": changes[run_dir, group],
+            "groups": {group: {"change": moved[run_dir, group],
                                "put_back": rates[f"{run_dir}: {group} put back"],
                                "taken_alone": rates[f"{run_dir}: {group} from the run"]}
                        for group in by_group}}
@@ -148,6 +170,22 @@ def print_report(report: dict[str, dict]) -> None:
         console.print(table)
 
 
+def print_changes(moved: dict[str, dict[str, float]]) -> None:
+    """A row per tensor group, a column per run (its folder's last two parts: 80 columns hold
+    several runs, where a row per run would cut the group names)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="relative change ||run - base|| / ||base||, nothing probed")
+    table.add_column("tensors", overflow="fold")
+    for run in moved:
+        table.add_column("/".join(Path(run).parts[-2:]), justify="right", overflow="fold")
+    for group in next(iter(moved.values())):
+        table.add_row("whole model" if group == "all" else group,
+                      *(f"{row[group]:.4f}" for row in moved.values()))
+    Console().print(table)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/learning/weights.py",
                                      description=__doc__.splitlines()[0])
@@ -158,14 +196,21 @@ def main(argv: list[str] | None = None) -> int:
                              "warm start, models/tiny-qwen3-lookup)")
     parser.add_argument("--samples", type=int, default=16,
                         help="T=1 samples per dev instruction and turn, per model (default 16)")
+    parser.add_argument("--changes-only", action="store_true",
+                        help="print each run's relative change (whole model and per group) "
+                             "without probing any model: seconds, not minutes")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     if args.base is None:
         from launchers.warm_models import committed_lookup_model
 
         args.base = committed_lookup_model()
-    report = ablate(args.base, args.runs, args.samples)
-    print_report(report)
+    if args.changes_only:
+        report: dict = changes(args.base, args.runs)
+        print_changes(report)
+    else:
+        report = ablate(args.base, args.runs, args.samples)
+        print_report(report)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
