@@ -6,6 +6,8 @@ real mini-swe-agent CLI capture)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -120,3 +122,21 @@ def test_changes_only_measures_the_whole_model_and_each_group_without_probing(ba
     expected = ((0.01 * sq(by_group["layer 1 mlp"]) + 0.04 * sq(by_group["norms"])) / whole) ** 0.5
     assert moved["all"] == pytest.approx(expected, rel=1e-4)
     assert 0 < moved["all"] < 0.2
+
+
+def test_changes_only_prints_every_group_uncut_at_80_columns_and_writes_its_report(
+        base, tmp_path, capsys):
+    run = _perturbed(base, "layer 0 mlp", scale=1.5)
+    for name in ("real-0", "shuffle-1", "shuffle-3"):
+        run.save_pretrained(tmp_path / "runs" / name / "trainer" / "model")
+    folders = [str(tmp_path / "runs" / name) for name in ("real-0", "shuffle-1", "shuffle-3")]
+    assert weights.main([*folders, "--changes-only", "--out", str(tmp_path / "r.json")]) == 0
+    printed = capsys.readouterr().out
+    assert max(len(line) for line in printed.splitlines()) <= 80
+    words = printed.split()
+    for word in ("embeddings", "attention", "mlp", "norms", "whole", "model", "0.5000"):
+        assert word in words, word  # folded onto its own line, never cut to "embedd…"
+    assert "…" not in printed
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert list(report) == folders
+    assert report[folders[0]]["layer 0 mlp"] == pytest.approx(0.5)
