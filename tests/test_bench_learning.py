@@ -182,11 +182,30 @@ def test_the_commands_are_the_main_command_with_each_control_and_the_diagnostics
                                                                  str(tmp_path / "seed-2")]
     assert run.train_command("lr0-0", 0, tmp_path, [])[-2:] == ["--learning-rate", "0"]
     assert run.train_command("flip-0", 0, tmp_path, ["--steps", "1"])[-3:] == [
-        "--flip-rewards", "--steps", "1"]
+        "--steps", "1", "--flip-rewards"]
     diag = run.diagnostic_command(1, "swap", tmp_path / "v", tmp_path)
     assert str(tmp_path / "seed-1" / "trainer" / "model") in diag
     assert str(tmp_path / "v" / "test") in diag
     assert diag[3:5] == ["--harness", "mini-swe-agent"]
+
+
+def test_an_extra_learning_rate_sets_the_seeds_rate_and_never_replaces_lr0s_zero(tmp_path):
+    # Run as harness.train parses it: argparse keeps a flag's last value, so the order decides.
+    from harness.shared.run_config import build_parser, settings_from_args
+
+    extra = ["--optimizer", "sgd", "--learning-rate", "0.25"]
+    rate = lambda name: settings_from_args(  # noqa: E731
+        build_parser("harness.train", ""), run.train_command(name, 0, tmp_path, extra)[3:]
+    ).learning_rate
+    assert rate("lr0-0") == 0.0
+    assert rate("seed-0") == rate("shuffle-0") == rate("flip-0") == 0.25
+
+
+@pytest.mark.parametrize("flag", ["--shuffle-rewards", "--flip-rewards", "--seed=3",
+                                  "--output-dir", "--harness"])
+def test_an_extra_flag_the_bench_sets_per_run_is_refused_by_name(flag, tmp_path):
+    with pytest.raises(SystemExit, match=flag.split("=")[0] + " after -- would override"):
+        run.main(["--report-only", "--out", str(tmp_path), "--", "--steps", "2", flag])
 
 
 def test_another_agent_runs_the_same_commands_with_only_its_harness_changed(tmp_path):

@@ -35,6 +35,11 @@ Every figure it has printed so far ran the main command's default, asynchronous 
 which weights sampled a rollout follows the machine's load (the same shuffled seed moved up to
 20 points between sittings). `-- --max-staleness 0` trains synchronously: each run is then a
 function of its seed and a rerun samples the same tokens (README: Reproducible runs).
+
+Flags after `--` go to every training run (not the diagnostics' harness.eval), before the
+control's own, so a control keeps its setting (`-- --learning-rate 0.25` leaves lr0 at 0); the
+flags the bench sets per run (--harness, --seed, --output-dir, --shuffle-rewards,
+--flip-rewards) are refused there by name.
 """
 
 from __future__ import annotations
@@ -64,11 +69,29 @@ DEFAULT_HARNESS = "mini-swe-agent"
 DIAGNOSTICS = ("swap", "blind")
 
 
+# Flags the bench sets per run: one of them after `--` would run every seed as that control
+# (--shuffle-rewards), every run on one seed or into one folder, or mix agents, with nothing to
+# show it in the table.
+BENCH_OWNED_FLAGS = ("--harness", "--seed", "--output-dir", "--shuffle-rewards", "--flip-rewards")
+
+
+def check_extra(extra: list[str]) -> None:
+    """Refuse, by name, an extra flag that would override what the bench sets per run."""
+    for flag in extra:
+        name = flag.split("=", 1)[0]
+        if name in BENCH_OWNED_FLAGS:
+            raise SystemExit(f"bench/learning/run.py: {name} after -- would override what the "
+                             "bench sets per run; use the bench's own --harness, --seeds, "
+                             "--out and --controls")
+
+
 def train_command(name: str, seed: int, out: Path, extra: list[str],
                   harness: str = DEFAULT_HARNESS) -> list[str]:
+    # The control's flags come after the extra ones: argparse keeps a flag's last value, so
+    # `-- --learning-rate 0.25` sets the seeds' rate and never replaces lr0's 0.
     control = CONTROLS.get(name.split("-")[0], [])
     return [sys.executable, "-m", "harness.train", "--harness", harness, "--seed", str(seed),
-            "--output-dir", str(out / name), *control, *extra]
+            "--output-dir", str(out / name), *extra, *control]
 
 
 def diagnostic_command(seed: int, variant: str, tasks: Path, out: Path,
@@ -239,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                         choices=HARNESSES,
                         help="the agent every run and diagnostic uses (default: %(default)s)")
     args = parser.parse_args(argv)
+    check_extra(extra)
     if not args.report_only:
         for seed in args.seeds:
             _run(train_command(f"seed-{seed}", seed, args.out, extra, args.harness),
