@@ -202,10 +202,22 @@ def test_an_extra_learning_rate_sets_the_seeds_rate_and_never_replaces_lr0s_zero
 
 
 @pytest.mark.parametrize("flag", ["--shuffle-rewards", "--flip-rewards", "--seed=3",
-                                  "--output-dir", "--harness"])
+                                  "--output-dir", "--harness", "--see", "--output", "--flip"])
 def test_an_extra_flag_the_bench_sets_per_run_is_refused_by_name(flag, tmp_path):
     with pytest.raises(SystemExit, match=flag.split("=")[0] + " after -- would override"):
         run.main(["--report-only", "--out", str(tmp_path), "--", "--steps", "2", flag])
+
+
+def test_no_harness_train_flag_is_refused_as_a_prefix_of_one_the_bench_owns():
+    # The prefix rule above must not refuse a flag harness.train has in its own right.
+    from harness.shared.run_config import build_parser
+
+    parser = build_parser("harness.train", "")
+    flags = [f for action in parser._actions for f in action.option_strings
+             if f.startswith("--") and f not in run.BENCH_OWNED_FLAGS]
+    assert "--learning-rate" in flags and "--steps" in flags
+    run.check_extra(flags)  # raises on any of them
+    assert parser.parse_args(["--see", "3"]).seed == 3  # why the prefix rule exists
 
 
 def test_another_agent_runs_the_same_commands_with_only_its_harness_changed(tmp_path):

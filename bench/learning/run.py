@@ -76,13 +76,16 @@ BENCH_OWNED_FLAGS = ("--harness", "--seed", "--output-dir", "--shuffle-rewards",
 
 
 def check_extra(extra: list[str]) -> None:
-    """Refuse, by name, an extra flag that would override what the bench sets per run."""
+    """Refuse, by name, an extra flag that would override what the bench sets per run, typed
+    whole or as the prefix argparse would take for it (`--see 3` is `--seed 3` to harness.train;
+    no harness.train flag is itself a prefix of these, which the tests check)."""
     for flag in extra:
         name = flag.split("=", 1)[0]
-        if name in BENCH_OWNED_FLAGS:
+        owned = [f for f in BENCH_OWNED_FLAGS if len(name) > 2 and f.startswith(name)]
+        if name.startswith("--") and owned:
             raise SystemExit(f"bench/learning/run.py: {name} after -- would override what the "
-                             "bench sets per run; use the bench's own --harness, --seeds, "
-                             "--out and --controls")
+                             f"bench sets per run ({owned[0]}); use the bench's own --harness, "
+                             "--seeds, --out and --controls")
 
 
 def train_command(name: str, seed: int, out: Path, extra: list[str],
