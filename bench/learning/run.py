@@ -3,7 +3,7 @@
     .venv/bin/python bench/learning/run.py [--seeds 0 1 2 3] [--controls shuffle lr0 flip]
                                            [--control-seeds 0 1 ... 7] [--no-diagnostics]
                                            [--out runs/learning] [--report-only]
-                                           [--harness mini-swe-agent]
+                                           [--harness mini-swe-agent] [--jobs 1]
                                            [-- EXTRA harness.train FLAGS]
 
 Each seed runs the README's main command, `python -m harness.train --harness mini-swe-agent
@@ -14,22 +14,26 @@ permuted within each group) runs at every `--control-seeds` seed and must stay w
 points: one shuffled run is a draw from the -27 to +17 points that 12 steps of training on
 uninformative rewards move this policy (docs/learning.md), so it is judged over at least 8
 seeds, and passes only when the 95% interval of their mean lies inside +-5
-(stats.CONTROL_MIN_SEEDS says why); `lr0` (learning rate 0: every step runs and pushes, the weights never move, so its
-change is evaluation noise) must stay within +-5 points and `flip` (each reward r trained as
-1 - r) must fall, each at the first control seed. Two diagnostics run `harness.eval` on each
-seed's trained model (OUT/seed-S/trainer/model): the test split's `swap` variant (the file holds
-another word than in training's instance: the written word must follow the file in >= 70% of
-answers) and its `blind` variant (the file holds no word: the pass rate must fall to chance, 1/8).
+(stats.CONTROL_MIN_SEEDS says why); `lr0` (learning rate 0: every step runs and pushes, the
+weights never move, so its change is evaluation noise) must stay within +-5 points and `flip`
+(each reward r trained as 1 - r) must fall, each at the first control seed. Two diagnostics run
+`harness.eval` on each seed's trained model (OUT/seed-S/trainer/model): the test split's `swap`
+variant (the file holds another word than in training's instance: the written word must follow
+the file in >= 70% of answers) and its `blind` variant (the file holds no word: the pass rate
+must fall to chance, 1/8).
 
 The table: per run, the test pass rate before and after and the change; the seeds' mean rise
 with a 95% interval from a two-way cluster bootstrap over seeds and test instructions
 (bench/learning/stats.py); the controls; swap and blind; issue 32's bar. The test split is
 read here and by the main command's final table only: nothing is tuned on it. It also writes
 OUT/summary.json and OUT/reward_curves.{json,png}. `--report-only` re-reads OUT without running
-anything. Runs go one after another: this machine has 2 cores, and concurrent runs would
-measure each other's load. A run of 4 seeds, 3 controls at one seed and 8 diagnostics took 70 min
-here (2026-12-04, mini-swe-agent, the test suite running at `nice 19` beside it); the default's
-seven more shuffled seeds add about 60 min.
+anything. A rerun of the same bench keeps each run that already finished in OUT with the
+settings its command gives now, and starts the rest (a folder of other settings stops it:
+bench/learning/schedule.py). Runs go one after another unless `--jobs N`, which only
+synchronous runs (`-- --max-staleness 0`) may use: the async default's numbers follow the
+machine's load, so concurrent runs would measure each other's. A run of 4 seeds, 3 controls at
+one seed and 8 diagnostics took 70 min here (2026-12-04, mini-swe-agent, the test suite running
+at `nice 19` beside it); the default's seven more shuffled seeds add about 60 min.
 
 Every figure it has printed so far ran the main command's default, asynchronous training, where
 which weights sampled a rollout follows the machine's load (the same shuffled seed moved up to
@@ -46,13 +50,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo's rooms
 
+from bench.learning.schedule import (  # noqa: E402
+    Job,
+    check_parallel,
+    diagnostic_is_kept,
+    run_jobs,
+    training_is_kept,
+)
 from bench.learning.stats import (  # noqa: E402
     CONTROL_MIN_SEEDS,
     CONTROLS,
@@ -236,11 +246,31 @@ def table_lines(result: dict) -> list[str]:
     return lines
 
 
-def _run(cmd: list[str], name: str) -> None:
-    print("$", " ".join(cmd), flush=True)
-    code = subprocess.run(cmd, check=False).returncode
-    if code != 0:
-        print(f"{name} exited {code}; its row will be missing", flush=True)
+def run_bench(args: argparse.Namespace, extra: list[str]) -> None:
+    """Train what OUT lacks, then evaluate the diagnostics OUT lacks (bench/learning/schedule.py:
+    what is kept, what stops the bench, what may run at once)."""
+    names = [f"seed-{s}" for s in args.seeds] + control_runs(args.controls, args.control_seeds)
+    trainings = [Job(n, train_command(n, int(n.rsplit("-", 1)[1]), args.out, extra,
+                                      args.harness), args.out / n) for n in names]
+    to_train = [j for j in trainings if not training_is_kept(j)]
+    retrained = {j.name for j in to_train}
+    with tempfile.TemporaryDirectory(prefix="lookup-variants-") as scratch:
+        diagnostics = [] if args.no_diagnostics else [
+            Job(f"{v}-{s}", diagnostic_command(s, v, Path(scratch) / v, args.out, args.harness),
+                args.out / f"{v}-{s}") for v in DIAGNOSTICS for s in args.seeds]
+        to_diagnose = [j for j in diagnostics if not diagnostic_is_kept(
+            j, model_retrained=f"seed-{j.name.rsplit('-', 1)[1]}" in retrained)]
+        check_parallel(to_train, args.jobs)
+        kept = [j.name for j in trainings + diagnostics if j not in to_train + to_diagnose]
+        if kept:
+            print(f"kept, already finished in {args.out} with these settings: {', '.join(kept)}")
+        run_jobs(to_train, args.jobs)
+        if to_diagnose:
+            from harness.tasks.lookup import generate
+
+            for variant in DIAGNOSTICS:
+                generate(Path(scratch) / variant, variant=variant)
+            run_jobs(to_diagnose, args.jobs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,24 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--harness", default=DEFAULT_HARNESS,
                         choices=HARNESSES,
                         help="the agent every run and diagnostic uses (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="trainings at once; above 1 only with `-- --max-staleness 0` "
+                             "(default: %(default)s)")
     args = parser.parse_args(argv)
     check_extra(extra)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: give 1 or more")
     if not args.report_only:
-        for seed in args.seeds:
-            _run(train_command(f"seed-{seed}", seed, args.out, extra, args.harness),
-                 f"seed-{seed}")
-        for name in control_runs(args.controls, args.control_seeds):
-            seed = int(name.rsplit("-", 1)[1])
-            _run(train_command(name, seed, args.out, extra, args.harness), name)
-        if not args.no_diagnostics:
-            from harness.tasks.lookup import generate
-
-            with tempfile.TemporaryDirectory(prefix="lookup-variants-") as scratch:
-                for variant in DIAGNOSTICS:
-                    generate(Path(scratch) / variant, variant=variant)
-                    for seed in args.seeds:
-                        _run(diagnostic_command(seed, variant, Path(scratch) / variant,
-                                                args.out, args.harness), f"{variant}-{seed}")
+        run_bench(args, extra)
     result = report(args.out, args.seeds, args.controls, args.control_seeds)
     print("\n".join(table_lines(result)))
     names = [*result["runs"]]
