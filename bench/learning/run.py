@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                         choices=HARNESSES,
                         help="the agent every run and diagnostic uses (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="trainings at once; above 1 only with `-- --max-staleness 0` "
-                             "(default: %(default)s)")
+                        help="runs at once, trainings then evaluations; above 1 only with "
+                             "`-- --max-staleness 0` (default: %(default)s)")
     args = parser.parse_args(argv)
     check_extra(extra)
     if args.jobs < 1:
