@@ -38,9 +38,11 @@ vLLM cannot share a venv with openenv, so the trainer runs from .trainer-venv
 (requirements/trainer-gpu.txt) and the service from .venv (launchers/hf_jobs.py does it all).
 
 The default, `python -m harness.train --harness mini-swe-agent`, is the learning demonstration on a
-CPU (issue 18): the warm-started tiny model (harness/warm/create_file.py) on the create-file
-family's train tasks, the held-out tasks evaluated before and after, the verifier's reward alone.
-On GPUs point --model at a real checkpoint and --engine-url at vLLM.
+CPU (issue 32): the tiny model warm-started on the lookup family (harness/warm/lookup.py; read a
+word from a file, then write it elsewhere) trains on lookup:train, lookup:test is evaluated before
+and after, the verifier's reward alone. opencode and claude-code start from their own lookup warm
+starts, codex from its create-file one (launchers/models.py). On GPUs point --model at a real
+checkpoint and --engine-url at vLLM.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -375,10 +379,26 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
     return summary
 
 
+def _note_interrupts(interrupted: threading.Event) -> Any:
+    """Set `interrupted` on Ctrl-C, which still raises KeyboardInterrupt; returns the handler it
+    replaced (None off the main thread, where a handler cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted.set()
+        signal.default_int_handler(signum, frame)
+
+    return signal.signal(signal.SIGINT, on_sigint)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser("python -m harness.train", __doc__.split("\n\n")[0])
     console = Console(stderr=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    interrupted = threading.Event()
+    previous_handler = _note_interrupts(interrupted)
+    stopped = "[yellow]interrupted: every process this run started was stopped[/]"
     try:
         settings = settings_from_args(parser, argv)
         run_training(settings, Console())
@@ -389,8 +409,20 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]failed[/]: {exc}")
         return 1
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted: every process this run started was stopped[/]")
+        console.print(stopped)
         return 130
+    except Exception:
+        # Ctrl-C in a terminal reaches the engine and the rollout service too (one process
+        # group); when one of them goes first, what this process sees is its absence (a weight
+        # push refused, a connection closed), not KeyboardInterrupt. After a Ctrl-C that is the
+        # interrupt, not a fault to show with a traceback.
+        if not interrupted.is_set():
+            raise
+        console.print(stopped)
+        return 130
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
     return 0
 
 

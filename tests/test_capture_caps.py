@@ -156,4 +156,7 @@ def test_twelve_calls_fired_from_inside_the_sandbox_stop_at_the_cap(tiny_model_p
     assert result.trace is not None
     caps = result.trace.turns[-1].metadata["rollout_caps"]
     assert caps["calls"] == 6 and caps["calls_used"] == 6
-    assert caps["refused"] >= 8  # 7 injected past the cap, and the agent's own call after them
+    # At least one call past the cap was made and refused. How many follows the machine's load
+    # (mini-swe-agent ends the injected loop at its command timeout: 8 on a quiet machine, 6 with
+    # trainings beside the suite), so the count is not asserted; that none reached the engine is.
+    assert caps["refused"] >= 1

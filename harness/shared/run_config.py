@@ -232,8 +232,9 @@ def _help(name: str) -> str:
         "harness": f"agent to train: {', '.join(HARNESSES)}",
         "model": "HF model dir, or hub id org/name[@revision] (downloaded once, same commit for "
                  "engine and trainer; default: a committed tiny model warm-started on the "
-                 "family's train tasks: models/tiny-qwen3-lookup for mini-swe-agent on lookup:*, "
-                 "else the create-file warm start in the agent's own format, "
+                 "family's train tasks: on lookup:* models/tiny-qwen3-lookup for mini-swe-agent, "
+                 "models/tiny-qwen3-lookup-HARNESS for opencode and claude-code; else the "
+                 "create-file warm start in the agent's own format, "
                  "models/tiny-qwen3-create-file[-HARNESS])",
         "tasks": "Harbor tasks: lookup:train|dev|test (the multi-step lookup family), "
                  "family:train|heldout (the one-step create-file family), 'bundled', a folder, "

@@ -9,13 +9,15 @@ offline, by hand, in minutes on 2 cores, and write models/<name>/ with a hashed 
 nothing in train, eval or serve imports them. What those need, the committed folders and their
 hash checks, is launchers/warm_models.py (it imports no harness).
 
-    create_file  models/tiny-qwen3-create-file, the default (mini-swe-agent): the create-file
+    create_file  models/tiny-qwen3-create-file, mini-swe-agent's default on family:*: the
                  family's train instances     `python -m harness.warm.create_file --commit`
     agents       models/tiny-qwen3-create-file-{codex,opencode,claude-code}: the same, in each
-                 agent's own prompt and tool format, from the default
+                 agent's own prompt and tool format, from tiny-qwen3-create-file
                  `python -m harness.warm.agents --harness codex --commit`
-    lookup       models/tiny-qwen3-lookup, mini-swe-agent's default on lookup:*: two-step
-                 rollouts, from the default   `python -m harness.warm.lookup --commit`
+    lookup       models/tiny-qwen3-lookup, mini-swe-agent's default on lookup:* (the main
+                 command's tasks): two-step rollouts, from the create-file one
+                 `python -m harness.warm.lookup --commit`; models/tiny-qwen3-lookup-{opencode,
+                 claude-code} the same in those agents' formats, `... --harness opencode --commit`
 """
 
 __all__: list[str] = []
