@@ -50,9 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -379,26 +377,10 @@ def run_training(settings: RunSettings, console: Console | None = None) -> dict:
     return summary
 
 
-def _note_interrupts(interrupted: threading.Event) -> Any:
-    """Set `interrupted` on Ctrl-C, which still raises KeyboardInterrupt; returns the handler it
-    replaced (None off the main thread, where a handler cannot be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        interrupted.set()
-        signal.default_int_handler(signum, frame)
-
-    return signal.signal(signal.SIGINT, on_sigint)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser("python -m harness.train", __doc__.split("\n\n")[0])
     console = Console(stderr=True)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    interrupted = threading.Event()
-    previous_handler = _note_interrupts(interrupted)
-    stopped = "[yellow]interrupted: every process this run started was stopped[/]"
     try:
         settings = settings_from_args(parser, argv)
         run_training(settings, Console())
@@ -409,20 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold red]failed[/]: {exc}")
         return 1
     except KeyboardInterrupt:
-        console.print(stopped)
+        console.print("[yellow]interrupted: every process this run started was stopped[/]")
         return 130
-    except Exception:
-        # Ctrl-C in a terminal reaches the engine and the rollout service too (one process
-        # group); when one of them goes first, what this process sees is its absence (a weight
-        # push refused, a connection closed), not KeyboardInterrupt. After a Ctrl-C that is the
-        # interrupt, not a fault to show with a traceback.
-        if not interrupted.is_set():
-            raise
-        console.print(stopped)
-        return 130
-    finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGINT, previous_handler)
     return 0
 
 
