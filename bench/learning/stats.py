@@ -25,8 +25,9 @@ CONTROLS = {"shuffle": ["--shuffle-rewards"], "lr0": ["--learning-rate", "0"],
             "flip": ["--flip-rewards"]}
 # Seeds each control needs before its check can pass. The shuffled control's change is mostly
 # training noise: 12 steps on rewards that carry no information still move the policy, with a
-# per-seed SD of 11-15 points on test (docs/learning.md: -27 to +17 over 16 balanced runs; AdamW
-# or SGD alike), so one run of it is a draw from that spread. "Stays within +-5 of zero" is
+# per-seed SD of 11-15 points on test (docs/learning.md: AdamW at 4 groups a step, -27 to +17 over
+# 16 balanced runs; SGD at 0.5 with 8 groups, SD 12; SGD at 0.25 with 8, SD 3.4 over 10 seeds),
+# so one run of it is a draw from that spread. "Stays within +-5 of zero" is
 # therefore judged as an equivalence test: the clustered 95% interval of its mean over at least 8
 # seeds must lie inside +-5. A mean that lands inside +-5 by luck is not enough (8 seeds at an SD
 # of 15 gave -4.8 with an interval of [-15.4, +5.9]: that shows no bias, and no absence of one
