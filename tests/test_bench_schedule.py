@@ -108,11 +108,12 @@ def test_jobs_run_at_once_each_into_its_own_log_and_report_their_exit_codes(tmp_
 
 def test_a_rerun_of_the_bench_starts_only_what_is_missing(tmp_path, monkeypatch, capsys):
     started: list[str] = []
-    monkeypatch.setattr(run, "run_jobs", lambda jobs, parallel: started.extend(
+    monkeypatch.setattr(run, "run_jobs", lambda jobs, parallel, on_success=None: started.extend(
         j.name for j in jobs))
     _finished(tmp_path / "seed-0", run.train_command("seed-0", 0, tmp_path, SGD))
+    book = ["--ledger", str(tmp_path / "ledger")]
     run.main(["--seeds", "0", "1", "--controls", "lr0", "--control-seeds", "0",
-              "--no-diagnostics", "--jobs", "2", "--out", str(tmp_path), "--", *SGD])
+              "--no-diagnostics", "--jobs", "2", "--out", str(tmp_path), *book, "--", *SGD])
     assert started == ["seed-1", "lr0-0"]
     assert "kept, already finished in" in capsys.readouterr().out
 
@@ -120,7 +121,7 @@ def test_a_rerun_of_the_bench_starts_only_what_is_missing(tmp_path, monkeypatch,
     started.clear()
     (tmp_path / "blind-1").mkdir()
     with pytest.raises(PlanError, match="blind-1 evaluated a model"):
-        run.main(["--seeds", "0", "1", "--controls", "--out", str(tmp_path), "--", *SGD])
+        run.main(["--seeds", "0", "1", "--controls", "--out", str(tmp_path), *book, "--", *SGD])
     assert started == []
 
 

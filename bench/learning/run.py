@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/learning/run.py [--seeds 0 1 2 3] [--controls shuffle lr0 flip]
                                            [--control-seeds 0 1 ... 7] [--no-diagnostics]
-                                           [--out runs/learning] [--report-only]
+                                           [--out runs/learning] [--ledger DIR]
+                                           [--report-only]
                                            [--harness mini-swe-agent] [--jobs 1]
                                            [-- EXTRA harness.train FLAGS]
 
@@ -26,10 +27,14 @@ The table: per run, the test pass rate before and after and the change; the seed
 with a 95% interval from a two-way cluster bootstrap over seeds and test instructions
 (bench/learning/stats.py); the controls; swap and blind; issue 32's bar. The test split is
 read here and by the main command's final table only: nothing is tuned on it. It also writes
-OUT/summary.json and OUT/reward_curves.{json,png}. `--report-only` re-reads OUT without running
-anything. A rerun of the same bench keeps each run that already finished in OUT with the
-settings its command gives now, and starts the rest (a folder of other settings stops it:
-bench/learning/schedule.py). Runs go one after another unless `--jobs N`, which only
+OUT/summary.json and OUT/reward_curves.{json,png}. Each run that finishes is also recorded, small,
+in a ledger meant to be committed (`--ledger`, default bench/learning/results/<OUT's name>:
+bench/learning/ledger.py), so a bench can be finished over sittings on different machines.
+`--report-only` re-reads OUT and the ledger without running anything. A rerun of the same bench
+keeps each run that already finished, in OUT or the ledger, with the settings its command gives
+now, and starts the rest (a run of other settings stops it: bench/learning/schedule.py); a
+diagnostic needs its seed's model on this machine, so a seed kept only in the ledger is trained
+again for a diagnostic it lacks. Runs go one after another unless `--jobs N`, which only
 synchronous runs (`-- --max-staleness 0`) may use: the async default's numbers follow the
 machine's load, so concurrent runs would measure each other's. A run of 4 seeds, 3 controls at
 one seed and 8 diagnostics took 70 min here (2026-12-04, mini-swe-agent, the test suite running
@@ -56,6 +61,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo's rooms
 
+from bench.learning import ledger as ledgers  # noqa: E402
 from bench.learning.schedule import (  # noqa: E402
     Job,
     check_parallel,
@@ -123,26 +129,32 @@ def control_runs(controls: list[str], control_seeds: list[int]) -> list[str]:
             for s in (control_seeds if CONTROL_MIN_SEEDS[c] > 1 else control_seeds[:1])]
 
 
-def read_result(run_dir: Path) -> dict | None:
-    """A run's before/after figures and per-instruction changes, or None (not run, or failed)."""
+def read_result(run_dir: Path, ledger: Path | None = None) -> dict | None:
+    """A run's before/after figures and per-instruction changes, from its folder or else its
+    ledger entry, or None (not run, or failed)."""
     path = run_dir / "before_after.json"
-    if not path.exists():
+    entry = None if path.exists() else ledgers.read(ledger, run_dir.name)
+    if entry is None and not path.exists():
         return None
-    data = json.loads(path.read_text())
-    return {**{k: data.get(k) for k in ("before_pass_rate", "after_pass_rate",
+    data = entry["before_after"] if entry else json.loads(path.read_text())
+    return {"from_ledger": entry is not None,
+            **{k: data.get(k) for k in ("before_pass_rate", "after_pass_rate",
                                         "change_points", "seed")},
             "per_instruction": per_instruction_change(data),
             "step_rates": data.get("step_rates")}
 
 
-def reward_curves(out: Path, names: list[str]) -> dict:
-    """Every run's training reward per step (reward_curve.json), and the mean over seeds and
-    over controls at each step the runs share."""
+def reward_curves(out: Path, names: list[str], ledger: Path | None = None) -> dict:
+    """Every run's training reward per step (reward_curve.json, or its ledger entry's), and the
+    mean over seeds and over controls at each step the runs share."""
     curves: dict = {"runs": {}}
     for name in names:
         path = out / name / "reward_curve.json"
+        entry = None if path.exists() else ledgers.read(ledger, name)
         if path.exists():
             curves["runs"][name] = json.loads(path.read_text())["reward_mean"]
+        elif entry and entry.get("reward_mean") is not None:
+            curves["runs"][name] = entry["reward_mean"]
     for kind, prefixes in (("seed", ("seed-",)), ("control", tuple(f"{c}-" for c in CONTROLS))):
         runs = [r for n, r in curves["runs"].items() if n.startswith(prefixes)]
         steps = min((len(r) for r in runs), default=0)
@@ -152,11 +164,11 @@ def reward_curves(out: Path, names: list[str]) -> dict:
     return curves
 
 
-def write_reward_curves(out: Path, names: list[str]) -> Path:
+def write_reward_curves(out: Path, names: list[str], ledger: Path | None = None) -> Path:
     """OUT/reward_curves.json and OUT/reward_curves.png (seeds' mean, then controls' mean)."""
     from harness.run.plots import line_figure, save_png
 
-    curves = reward_curves(out, names)
+    curves = reward_curves(out, names, ledger)
     out.mkdir(parents=True, exist_ok=True)
     (out / "reward_curves.json").write_text(json.dumps(curves, indent=1))
     steps = max(len(curves["seeds_mean"]), len(curves["controls_mean"]))
@@ -178,13 +190,31 @@ def over_shuffle(runs: dict, seeds: list[int]) -> dict | None:
     return {"per_seed": pairs, "mean": sum(pairs.values()) / len(pairs)} if pairs else None
 
 
-def report(out: Path, seeds: list[int], controls: list[str], control_seeds: list[int]) -> dict:
-    """Read OUT: every run's result, the diagnostics, the verdict (also OUT/summary.json)."""
-    runs = {f"seed-{s}": read_result(out / f"seed-{s}") for s in seeds}
-    names = control_runs(controls, control_seeds)
-    runs.update({name: read_result(out / name) for name in names})
-    swap_records = [r for s in seeds for r in read_records(out / f"swap-{s}")]
-    blind_records = [r for s in seeds for r in read_records(out / f"blind-{s}")]
+def diagnostic_records(out: Path, name: str, ledger: Path | None) -> tuple[list[dict], dict]:
+    """A diagnostic's rollouts from its folder, or else from its ledger entry (with the entry's
+    provenance), or none."""
+    if (out / name).exists():
+        return read_records(out / name), {}
+    entry = ledgers.read(ledger, name)
+    return (entry["records"], {name: entry["provenance"]}) if entry else ([], {})
+
+
+def report(out: Path, seeds: list[int], controls: list[str], control_seeds: list[int],
+           ledger: Path | None = None) -> dict:
+    """Record what finished in OUT in the ledger, then read OUT and, for what OUT lacks, the
+    ledger: every run's result, the diagnostics, the verdict (also OUT/summary.json)."""
+    names = [f"seed-{s}" for s in seeds] + control_runs(controls, control_seeds)
+    diagnostics = [f"{v}-{s}" for v in DIAGNOSTICS for s in seeds]
+    ledgers.record_finished(out, ledger, names + diagnostics)
+    runs = {name: read_result(out / name, ledger) for name in names}
+    from_ledger = {n: ledgers.read(ledger, n)["provenance"] for n, r in runs.items()
+                   if r and r["from_ledger"]}
+    records = {}
+    for name in diagnostics:
+        records[name], provenance = diagnostic_records(out, name, ledger)
+        from_ledger.update(provenance)
+    swap_records = [r for s in seeds for r in records[f"swap-{s}"]]
+    blind_records = [r for s in seeds for r in records[f"blind-{s}"]]
     seed_changes = [r["per_instruction"] for n, r in runs.items()
                     if n.startswith("seed-") and r and r["per_instruction"]]
     control_changes = {c: control_summary([runs[n]["per_instruction"] for n in names
@@ -194,8 +224,9 @@ def report(out: Path, seeds: list[int], controls: list[str], control_seeds: list
     swap = swap_summary(swap_records) if swap_records else None
     blind = pass_rate(blind_records)
     result = {"runs": runs, "controls": control_changes, "swap": swap, "blind_pass_rate": blind,
-              "over_shuffle": over_shuffle(runs, seeds),
+              "over_shuffle": over_shuffle(runs, seeds), "from_ledger": from_ledger,
               "verdict": verdict(seed_changes, control_changes, swap, blind)}
+    out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -206,7 +237,7 @@ def table_lines(result: dict) -> list[str]:
              "(looked / used the word / passed)"]
     for name, r in result["runs"].items():
         if r is None:
-            lines.append(f"{name:10s} (no before_after.json: not run, or the run failed)")
+            lines.append(f"{name:10s} (not in this folder or the ledger: not run, or it failed)")
             continue
         change = "-" if r["change_points"] is None else f"{r['change_points']:+.1f} pt"
         steps = ((r.get("step_rates") or {}).get("after") or {})
@@ -240,6 +271,11 @@ def table_lines(result: dict) -> list[str]:
                      f"instance's in {pct(swap['original'])}")
     if blind is not None:
         lines.append(f"blind test: pass rate {pct(blind)} with no word in the file (chance 13%)")
+    if result.get("from_ledger"):
+        machines = sorted({f"{p['cpu']} ({p['cores']} cores)"
+                           for p in result["from_ledger"].values()})
+        lines.append(f"read from the ledger, not this folder: {', '.join(result['from_ledger'])}"
+                     f" (trained on: {'; '.join(machines)})")
     lines.append("bar: " + "; ".join(f"{k}: {'yes' if ok else 'NO'}"
                                      for k, ok in v["checks"].items()))
     lines.append(f"{'MEETS' if v['meets_bar'] else 'does not meet'} issue 32's bar")
@@ -247,30 +283,45 @@ def table_lines(result: dict) -> list[str]:
 
 
 def run_bench(args: argparse.Namespace, extra: list[str]) -> None:
-    """Train what OUT lacks, then evaluate the diagnostics OUT lacks (bench/learning/schedule.py:
-    what is kept, what stops the bench, what may run at once)."""
+    """Train what OUT and the ledger lack, then evaluate the diagnostics they lack
+    (bench/learning/schedule.py: what is kept, what stops the bench, what may run at once). A
+    diagnostic to run needs its seed's model on this machine: a seed kept only in the ledger is
+    trained again for it, and its other diagnostic with it."""
+    ledger = args.ledger
     names = [f"seed-{s}" for s in args.seeds] + control_runs(args.controls, args.control_seeds)
     trainings = [Job(n, train_command(n, int(n.rsplit("-", 1)[1]), args.out, extra,
                                       args.harness), args.out / n) for n in names]
-    to_train = [j for j in trainings if not training_is_kept(j)]
-    retrained = {j.name for j in to_train}
+    to_train = [j for j in trainings if not training_is_kept(j, ledgers.read(ledger, j.name))]
     with tempfile.TemporaryDirectory(prefix="lookup-variants-") as scratch:
         diagnostics = [] if args.no_diagnostics else [
             Job(f"{v}-{s}", diagnostic_command(s, v, Path(scratch) / v, args.out, args.harness),
                 args.out / f"{v}-{s}") for v in DIAGNOSTICS for s in args.seeds]
+        seed_of = lambda job: f"seed-{job.name.rsplit('-', 1)[1]}"  # noqa: E731
+        retrained = {j.name for j in to_train}
+        missing = [j for j in diagnostics if not j.folder.exists()
+                   and ledgers.read(ledger, j.name) is None]
+        for job in missing:
+            model = args.out / seed_of(job) / "trainer" / "model"
+            if seed_of(job) not in retrained and not model.exists():
+                print(f"{seed_of(job)}: kept in the ledger, but {job.name} needs its model, "
+                      "which is not on this machine: trained again")
+                retrained.add(seed_of(job))
+                to_train += [j for j in trainings if j.name == seed_of(job)]
         to_diagnose = [j for j in diagnostics if not diagnostic_is_kept(
-            j, model_retrained=f"seed-{j.name.rsplit('-', 1)[1]}" in retrained)]
+            j, model_retrained=seed_of(j) in retrained, entry=ledgers.read(ledger, j.name))]
         check_parallel(to_train, args.jobs)
         kept = [j.name for j in trainings + diagnostics if j not in to_train + to_diagnose]
         if kept:
-            print(f"kept, already finished in {args.out} with these settings: {', '.join(kept)}")
-        run_jobs(to_train, args.jobs)
+            print(f"kept, already finished in {args.out} or its ledger {ledger} with these "
+                  f"settings: {', '.join(kept)}")
+        record = lambda job: ledgers.record_finished(args.out, ledger, [job.name])  # noqa: E731
+        run_jobs(to_train, args.jobs, on_success=record)
         if to_diagnose:
             from harness.tasks.lookup import generate
 
             for variant in DIAGNOSTICS:
                 generate(Path(scratch) / variant, variant=variant)
-            run_jobs(to_diagnose, args.jobs)
+            run_jobs(to_diagnose, args.jobs, on_success=record)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,7 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-diagnostics", action="store_true",
                         help="skip the swap and blind evaluations of the trained models")
     parser.add_argument("--out", type=Path, default=Path("runs/learning"))
-    parser.add_argument("--report-only", action="store_true", help="only read OUT")
+    parser.add_argument("--ledger", type=Path, default=None,
+                        help="where each finished run is also recorded, small, to be committed, "
+                             "so a later sitting on any machine keeps it (default: "
+                             "bench/learning/results/<OUT's name>; bench/learning/ledger.py)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only read OUT and the ledger (and record OUT's finished runs in "
+                             "the ledger)")
     parser.add_argument("--harness", default=DEFAULT_HARNESS,
                         choices=HARNESSES,
                         help="the agent every run and diagnostic uses (default: %(default)s)")
@@ -299,14 +356,16 @@ def main(argv: list[str] | None = None) -> int:
                              "`-- --max-staleness 0` (default: %(default)s)")
     args = parser.parse_args(argv)
     check_extra(extra)
+    args.ledger = args.ledger or ledgers.default_ledger(args.out)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give 1 or more")
     if not args.report_only:
         run_bench(args, extra)
-    result = report(args.out, args.seeds, args.controls, args.control_seeds)
+    result = report(args.out, args.seeds, args.controls, args.control_seeds, args.ledger)
     print("\n".join(table_lines(result)))
     names = [*result["runs"]]
-    print(f"reward curves: {write_reward_curves(args.out, names)} (data: reward_curves.json)")
+    print(f"reward curves: {write_reward_curves(args.out, names, args.ledger)} "
+          "(data: reward_curves.json)")
     return 0 if result["verdict"]["meets_bar"] else 1
 
 

@@ -1,12 +1,13 @@
 """Which of the bench's runs to start, which finished ones to keep, and how many to run at once.
 
 A full bench is 14 trainings and 8 evaluations: hours on this machine, more than one sitting. So
-a rerun of the same bench command keeps every run that already finished in its folder and starts
-only the rest, but only a run whose recorded settings (its settings.json, written by
-harness.train) are exactly what the bench's command gives now: a folder trained with another
-learning rate, optimizer or code default would otherwise be read into the table as this
-setting's row, with nothing to show it. Such a folder, or one a run left unfinished, stops the
-bench before anything starts, naming the folder and what differs.
+a rerun of the same bench command keeps every run that already finished, in its folder or (on
+another machine) as its entry in the committed ledger (bench/learning/ledger.py), and starts only
+the rest, but only a run whose recorded settings (its settings.json, written by harness.train)
+are exactly what the bench's command gives now: a folder trained with another learning rate,
+optimizer or code default would otherwise be read into the table as this setting's row, with
+nothing to show it. Such a run, or a folder a run left unfinished, stops the bench before
+anything starts, naming the run and what differs.
 
 `--jobs N` runs N trainings at once. Only synchronous runs (`--max-staleness 0`) may: each is then
 a function of its seed, so a neighbour's load changes its wall clock and never its numbers; an
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +54,24 @@ def differences(recorded: dict, planned: dict) -> list[str]:
             for k in keys if recorded.get(k, "(absent)") != planned.get(k, "(absent)")]
 
 
-def training_is_kept(job: Job) -> bool:
-    """True for a finished run of exactly this command's settings, False for no folder; a
+def training_is_kept(job: Job, entry: dict | None = None) -> bool:
+    """True for a finished run of exactly this command's settings, in its folder or, where the
+    folder is absent, as its ledger entry (bench/learning/ledger.py); False for neither; a
     PlanError for anything else."""
+    planned = planned_settings(job.command)
+    if entry is not None:
+        from bench.learning.ledger import start_model
+
+        diff = differences(entry.get("settings", {}), planned)
+        now = start_model(planned)
+        if entry.get("start_model") != now:
+            diff.append(f"the model it starts from: {entry.get('start_model')} there, {now} now")
+        if diff:
+            raise PlanError(f"bench/learning: the ledger's entry for {job.name} was trained with "
+                            "other settings than this bench's command gives (" + "; ".join(diff)
+                            + "); bench into another --out or --ledger")
     if not job.folder.exists():
-        return False
+        return entry is not None
     settings = job.folder / "settings.json"
     if not (job.folder / "before_after.json").exists():
         raise PlanError(f"bench/learning: {job.folder} holds an unfinished run (no "
@@ -64,7 +79,7 @@ def training_is_kept(job: Job) -> bool:
     if not settings.exists():
         raise PlanError(f"bench/learning: {job.folder} has no settings.json, so which settings "
                         "trained it is unknown; delete it, or bench into another --out")
-    diff = differences(json.loads(settings.read_text()), planned_settings(job.command))
+    diff = differences(json.loads(settings.read_text()), planned)
     if diff:
         raise PlanError(f"bench/learning: {job.folder} was trained with other settings than "
                         "this bench's command gives (" + "; ".join(diff) + "); bench into "
@@ -72,11 +87,13 @@ def training_is_kept(job: Job) -> bool:
     return True
 
 
-def diagnostic_is_kept(job: Job, model_retrained: bool) -> bool:
-    """True for a finished evaluation of a model this bench keeps; a PlanError for one of a
-    model about to be trained again (it would describe the old model) or an unfinished one."""
+def diagnostic_is_kept(job: Job, model_retrained: bool, entry: dict | None = None) -> bool:
+    """True for a finished evaluation of a model this bench keeps; a PlanError for a folder of
+    a model about to be trained again (it would describe the old model) or an unfinished one.
+    A ledger entry (no folder) of a model about to be trained again is not kept: the new
+    evaluation replaces it, and the old one stays in git's history."""
     if not job.folder.exists():
-        return False
+        return entry is not None and not model_retrained
     if model_retrained:
         raise PlanError(f"bench/learning: {job.folder} evaluated a model this bench is about to "
                         "train again; delete it")
@@ -99,9 +116,12 @@ def check_parallel(jobs: list[Job], parallel: int) -> None:
                         "`-- --max-staleness 0`, or use --jobs 1")
 
 
-def run_jobs(jobs: list[Job], parallel: int = 1) -> dict[str, int]:
+def run_jobs(jobs: list[Job], parallel: int = 1,
+             on_success: Callable[[Job], object] | None = None) -> dict[str, int]:
     """Run the commands, `parallel` at a time, each one's output into FOLDER.log beside its
-    folder (one at a time, it also goes to the terminal); returns each one's exit code."""
+    folder (one at a time, it also goes to the terminal); `on_success(job)` runs as each one
+    exits 0 (the bench records it in its ledger then, so a sitting cut short keeps what
+    finished); returns each one's exit code."""
 
     def one(job: Job) -> int:
         start = time.monotonic()
@@ -114,6 +134,8 @@ def run_jobs(jobs: list[Job], parallel: int = 1) -> dict[str, int]:
                 code = subprocess.run(job.command, stdout=log, stderr=subprocess.STDOUT,
                                       check=False).returncode
         minutes = (time.monotonic() - start) / 60
+        if code == 0 and on_success is not None:
+            on_success(job)
         print(f"{job.name}: " + ("done" if code == 0 else f"exited {code}; its row will be "
                                  "missing") + f" ({minutes:.1f} min)", flush=True)
         return code
