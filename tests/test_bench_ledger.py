@@ -149,6 +149,25 @@ def test_each_job_is_recorded_as_it_finishes(tmp_path):
     assert codes == {"seed-0": 0, "seed-1": 1} and seen == ["seed-0"]
 
 
+def test_report_only_refuses_a_row_of_other_settings_and_shows_one_in_progress(tmp_path,
+                                                                                capsys):
+    out, book = tmp_path / "learning", tmp_path / "ledger"
+    _trained(out, "seed-0", 0, 3)
+    (out / "seed-1").mkdir()  # still training: no before_after.json yet
+    report = ["--report-only", "--seeds", "0", "1", "--controls", "--no-diagnostics",
+              "--out", str(out), "--ledger", str(book)]
+    run.main([*report, "--", *SGD])
+    assert "seed-1     (not in this folder or the ledger" in capsys.readouterr().out
+    assert (book / "seed-0.json").exists()
+    # The same folder read as another setting's bench (no `-- --optimizer sgd ...`): refused.
+    with pytest.raises(PlanError, match="seed-0 was trained with other settings.*optimizer: "
+                                        "'sgd' there, 'adamw' now"):
+        run.main(report)
+    # And from the ledger alone, on a machine without the folder.
+    with pytest.raises(PlanError, match="ledger's entry for seed-0 .*optimizer"):
+        run.main([*report[:-4], "--out", str(tmp_path / "elsewhere"), "--ledger", str(book)])
+
+
 def test_an_entry_from_another_warm_start_is_not_kept(tmp_path, monkeypatch):
     # The settings name no weights (--model None: the committed warm start), and a warm start is
     # retrained under the same name now and then: the entry's weights' sha256 tells them apart.

@@ -282,15 +282,30 @@ def table_lines(result: dict) -> list[str]:
     return lines
 
 
+def training_jobs(args: argparse.Namespace, extra: list[str]) -> list[Job]:
+    names = [f"seed-{s}" for s in args.seeds] + control_runs(args.controls, args.control_seeds)
+    return [Job(n, train_command(n, int(n.rsplit("-", 1)[1]), args.out, extra, args.harness),
+                args.out / n) for n in names]
+
+
+def check_finished_rows(args: argparse.Namespace, extra: list[str]) -> None:
+    """`--report-only`: every finished row the table would read, in OUT or the ledger, is of
+    this command's settings (bench/learning/schedule.py's keep rule), or it stops naming what
+    differs: a row of another setting would otherwise be averaged in with nothing to show it.
+    A run still in progress (a folder without before_after.json) is only shown as missing."""
+    for job in training_jobs(args, extra):
+        entry = ledgers.read(args.ledger, job.name)
+        if (job.folder / "before_after.json").exists() or (entry and not job.folder.exists()):
+            training_is_kept(job, entry)
+
+
 def run_bench(args: argparse.Namespace, extra: list[str]) -> None:
     """Train what OUT and the ledger lack, then evaluate the diagnostics they lack
     (bench/learning/schedule.py: what is kept, what stops the bench, what may run at once). A
     diagnostic to run needs its seed's model on this machine: a seed kept only in the ledger is
     trained again for it, and its other diagnostic with it."""
     ledger = args.ledger
-    names = [f"seed-{s}" for s in args.seeds] + control_runs(args.controls, args.control_seeds)
-    trainings = [Job(n, train_command(n, int(n.rsplit("-", 1)[1]), args.out, extra,
-                                      args.harness), args.out / n) for n in names]
+    trainings = training_jobs(args, extra)
     to_train = [j for j in trainings if not training_is_kept(j, ledgers.read(ledger, j.name))]
     with tempfile.TemporaryDirectory(prefix="lookup-variants-") as scratch:
         diagnostics = [] if args.no_diagnostics else [
@@ -347,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                              "bench/learning/results/<OUT's name>; bench/learning/ledger.py)")
     parser.add_argument("--report-only", action="store_true",
                         help="only read OUT and the ledger (and record OUT's finished runs in "
-                             "the ledger)")
+                             "the ledger); give the same flags after -- as the bench's runs had: "
+                             "a row of other settings stops it")
     parser.add_argument("--harness", default=DEFAULT_HARNESS,
                         choices=HARNESSES,
                         help="the agent every run and diagnostic uses (default: %(default)s)")
@@ -359,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     args.ledger = args.ledger or ledgers.default_ledger(args.out)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give 1 or more")
-    if not args.report_only:
+    if args.report_only:
+        check_finished_rows(args, extra)
+    else:
         run_bench(args, extra)
     result = report(args.out, args.seeds, args.controls, args.control_seeds, args.ledger)
     print("\n".join(table_lines(result)))
