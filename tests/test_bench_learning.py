@@ -147,6 +147,7 @@ def test_report_reads_a_bench_folder_and_the_table_says_what_failed(tmp_path: Pa
         rollouts.mkdir(parents=True)
         (rollouts / "0.json").write_text(json.dumps(_record(
             "lookup-key-answer-t0-table-blind", 0.0, "cat key.txt", "echo x > answer.txt")))
+        (out / f"blind-{s}" / "eval_summary.json").write_text("{}")  # finished
     result = run.report(out, [0, 1, 2, 3], ["shuffle", "lr0", "flip"], list(range(8)))
     v = result["verdict"]
     assert v["mean_rise"] == pytest.approx(37.5)

@@ -168,6 +168,17 @@ def test_report_only_refuses_a_row_of_other_settings_and_shows_one_in_progress(t
         run.main([*report[:-4], "--out", str(tmp_path / "elsewhere"), "--ledger", str(book)])
 
 
+def test_an_evaluation_still_running_is_not_read_as_the_diagnostics_result(tmp_path):
+    out, book = tmp_path / "learning", tmp_path / "ledger"
+    _evaluated(out, "swap-0", "x")
+    (out / "swap-0" / "eval_summary.json").unlink()  # its first rollout is written, not its end
+    result = run.report(out, [0], [], [0], ledger=book)
+    assert result["swap"] is None and result["unfinished"] == ["swap-0"]
+    assert not (book / "swap-0.json").exists()
+    assert "not read, still running or stopped before its end: swap-0" in "\n".join(
+        run.table_lines(result))
+
+
 def test_an_entry_from_another_warm_start_is_not_kept(tmp_path, monkeypatch):
     # The settings name no weights (--model None: the committed warm start), and a warm start is
     # retrained under the same name now and then: the entry's weights' sha256 tells them apart.

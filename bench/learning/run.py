@@ -191,10 +191,12 @@ def over_shuffle(runs: dict, seeds: list[int]) -> dict | None:
 
 
 def diagnostic_records(out: Path, name: str, ledger: Path | None) -> tuple[list[dict], dict]:
-    """A diagnostic's rollouts from its folder, or else from its ledger entry (with the entry's
-    provenance), or none."""
+    """A finished diagnostic's rollouts from its folder, or else from its ledger entry (with the
+    entry's provenance), or none. A folder without eval_summary.json is an evaluation still
+    running (or killed): its first rollouts are not the diagnostic's result, so it is not read."""
     if (out / name).exists():
-        return read_records(out / name), {}
+        return (read_records(out / name) if (out / name / "eval_summary.json").exists()
+                else []), {}
     entry = ledgers.read(ledger, name)
     return (entry["records"], {name: entry["provenance"]}) if entry else ([], {})
 
@@ -213,6 +215,8 @@ def report(out: Path, seeds: list[int], controls: list[str], control_seeds: list
     for name in diagnostics:
         records[name], provenance = diagnostic_records(out, name, ledger)
         from_ledger.update(provenance)
+    unfinished = [n for n in names + diagnostics if (out / n).exists() and not any(
+        (out / n / done).exists() for done in ("before_after.json", "eval_summary.json"))]
     swap_records = [r for s in seeds for r in records[f"swap-{s}"]]
     blind_records = [r for s in seeds for r in records[f"blind-{s}"]]
     seed_changes = [r["per_instruction"] for n, r in runs.items()
@@ -225,6 +229,7 @@ def report(out: Path, seeds: list[int], controls: list[str], control_seeds: list
     blind = pass_rate(blind_records)
     result = {"runs": runs, "controls": control_changes, "swap": swap, "blind_pass_rate": blind,
               "over_shuffle": over_shuffle(runs, seeds), "from_ledger": from_ledger,
+              "unfinished": unfinished,
               "verdict": verdict(seed_changes, control_changes, swap, blind)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(result, indent=1))
@@ -271,6 +276,9 @@ def table_lines(result: dict) -> list[str]:
                      f"instance's in {pct(swap['original'])}")
     if blind is not None:
         lines.append(f"blind test: pass rate {pct(blind)} with no word in the file (chance 13%)")
+    if result.get("unfinished"):
+        lines.append("not read, still running or stopped before its end: "
+                     + ", ".join(result["unfinished"]))
     if result.get("from_ledger"):
         machines = sorted({f"{p['cpu']} ({p['cores']} cores)"
                            for p in result["from_ledger"].values()})
