@@ -131,7 +131,13 @@ def write(ledger: Path, name: str, entry: dict) -> Path:
     ledger.mkdir(parents=True, exist_ok=True)
     path = ledger / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(entry, indent=1) + "\n")
+    if "records" in entry:  # one rollout a line: half the size of an indented tree
+        head = json.dumps({k: v for k, v in entry.items() if k != "records"}, indent=1)
+        rows = ",\n".join(json.dumps(r) for r in entry["records"])
+        text = head[:-2] + f',\n "records": [\n{rows}\n ]\n}}'
+    else:
+        text = json.dumps(entry, indent=1)
+    tmp.write_text(text + "\n")
     tmp.replace(path)
     return path
 
