@@ -19,15 +19,9 @@ from bench.learning.stats import (
     swap_summary,
     verdict,
 )
-
-INSTRUCTIONS = [f"{s}-{t}-t{k}" for s, t in (("key", "answer"), ("value", "out")) for k in range(3)]
-
-
-def _before_after(changes: dict[str, tuple[int, int]], n: int = 8) -> dict:
-    return {"per_task": {i: {"before": {"passed": b, "scored": n}, "after": {"passed": a,
-                                                                          "scored": n}}
-                         for i, (b, a) in changes.items()},
-            "before_pass_rate": 0.1, "after_pass_rate": 0.4, "change_points": 30.0, "seed": 0}
+from tests.helpers.bench_runs import INSTRUCTIONS
+from tests.helpers.bench_runs import before_after as _before_after
+from tests.helpers.bench_runs import record as _record
 
 
 def test_changes_are_per_instruction_and_unscored_sides_are_left_out():
@@ -50,12 +44,6 @@ def test_the_interval_holds_the_mean_widens_with_spread_and_needs_two_seeds():
     uneven = [{i: (60.0 if n % 2 else 0.0) for n, i in enumerate(INSTRUCTIONS)}] * 4
     lo3, hi3 = clustered_interval(uneven)
     assert lo3 < 30.0 < hi3 and hi3 - lo3 > 20
-
-
-def _record(task: str, reward: float | None, *commands: str) -> dict:
-    turns = [{"response": {"choices": [{"message": {"tool_calls": [{"function": {
-        "arguments": json.dumps({"command": c})}}]}}]}} for c in commands]
-    return {"task_id": f"harness-lookup/{task}", "env_reward": reward, "trace": {"turns": turns}}
 
 
 def test_the_swap_summary_reads_the_written_word_against_the_file_and_the_original():

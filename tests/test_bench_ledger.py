@@ -13,8 +13,10 @@ import pytest
 
 from bench.learning import ledger, run
 from bench.learning.schedule import PlanError
-from tests.test_bench_learning import INSTRUCTIONS, _before_after, _record
-from tests.test_bench_schedule import SGD, _finished
+from tests.helpers.bench_runs import INSTRUCTIONS, SGD
+from tests.helpers.bench_runs import before_after as _before_after
+from tests.helpers.bench_runs import finished as _finished
+from tests.helpers.bench_runs import record as _record
 
 
 def _trained(out: Path, name: str, seed: int, rise: int, **changed) -> None:

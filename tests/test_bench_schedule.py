@@ -5,29 +5,14 @@ one, refuses concurrent asynchronous trainings, and runs `--jobs` commands at on
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench.learning import run, schedule
 from bench.learning.schedule import Job, PlanError
-
-SGD = ["--optimizer", "sgd", "--learning-rate", "0.25", "--max-staleness", "0"]
-
-
-def _finished(folder: Path, command: list[str], **changed) -> None:
-    """A finished run's folder as harness.train leaves it: its settings as train.py records them
-    (vars(settings) through json, default=str) and a before_after.json."""
-    from harness.shared.run_config import build_parser, settings_from_args
-
-    settings = vars(settings_from_args(build_parser("t", ""), command[3:]))
-    folder.mkdir(parents=True)
-    (folder / "settings.json").write_text(json.dumps({**settings, **changed}, default=str))
-    (folder / "before_after.json").write_text(json.dumps(
-        {"per_task": {}, "before_pass_rate": 0.3, "after_pass_rate": 0.8,
-         "change_points": 50.0, "seed": 0}))
+from tests.helpers.bench_runs import SGD
+from tests.helpers.bench_runs import finished as _finished
 
 
 def test_a_finished_run_of_the_same_settings_is_kept_wherever_it_was_trained(tmp_path):
